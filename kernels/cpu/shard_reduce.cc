@@ -1,0 +1,104 @@
+#include "kernels/cpu/shard_reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace drafthead::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Orders a min-heap so that the worst candidate sits on top.
+struct WorseFirst {
+  bool operator()(const Candidate& a, const Candidate& b) const { return CandidateBefore(a, b); }
+};
+
+}  // namespace
+
+void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, float temperature,
+               Candidate* out, SoftmaxPartial* part) {
+  std::vector<Candidate> heap;
+  heap.reserve(k);
+  for (int64_t j = 0; j < n_valid; ++j) {
+    const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
+    if (heap.size() < k) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), WorseFirst());
+    } else if (CandidateBefore(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), WorseFirst());
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), WorseFirst());
+    }
+  }
+  std::sort(heap.begin(), heap.end(), [](const Candidate& a, const Candidate& b) {
+    return CandidateBefore(a, b);
+  });
+  for (uint32_t i = 0; i < k; ++i) out[i] = i < heap.size() ? heap[i] : Candidate{-1, kNegInf, 0.f};
+  if (part != nullptr) {
+    float mx = kNegInf;
+    for (int64_t j = 0; j < n_valid; ++j) mx = std::max(mx, y[j] / temperature);
+    double sum = 0.0;
+    if (n_valid > 0 && std::isfinite(mx)) {
+      for (int64_t j = 0; j < n_valid; ++j) sum += std::exp(static_cast<double>(y[j] / temperature) - mx);
+    }
+    part->max_scaled = mx;
+    part->sum_exp = static_cast<float>(sum);
+  }
+}
+
+void ShardArgmax(const float* y, int64_t n_valid, int32_t id_base, Candidate* out) {
+  Candidate best{-1, kNegInf, 0.f};
+  for (int64_t j = 0; j < n_valid; ++j) {
+    const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
+    if (CandidateBefore(c, best)) best = c;
+  }
+  *out = best;
+}
+
+void ShardSample(const float* y, int64_t n_valid, int32_t id_base, float temperature,
+                 uint64_t seed, uint32_t row, Candidate* out) {
+  Candidate best{-1, kNegInf, 0.f};
+  for (int64_t j = 0; j < n_valid; ++j) {
+    const uint32_t id = static_cast<uint32_t>(id_base + j);
+    const Candidate c{static_cast<int32_t>(id), SampleKey(y[j], temperature, seed, row, id), y[j]};
+    if (CandidateBefore(c, best)) best = c;
+  }
+  *out = best;
+}
+
+uint32_t MergeCandidates(const Candidate* const* lists, int nlists, uint32_t per_list, uint32_t k,
+                         Candidate* out) {
+  std::vector<uint32_t> pos(nlists, 0);
+  uint32_t n = 0;
+  for (; n < k; ++n) {
+    int pick = -1;
+    for (int r = 0; r < nlists; ++r) {
+      if (pos[r] >= per_list || lists[r][pos[r]].id < 0) continue;
+      if (pick < 0 || CandidateBefore(lists[r][pos[r]], lists[pick][pos[pick]])) pick = r;
+    }
+    if (pick < 0) break;
+    out[n] = lists[pick][pos[pick]++];
+  }
+  for (uint32_t i = n; i < k; ++i) out[i] = Candidate{-1, kNegInf, 0.f};
+  return n;
+}
+
+SoftmaxTotal CombineSoftmax(const SoftmaxPartial* const* parts, int n) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int r = 0; r < n; ++r)
+    if (parts[r]->sum_exp > 0) mx = std::max(mx, static_cast<double>(parts[r]->max_scaled));
+  double sum = 0.0;
+  for (int r = 0; r < n; ++r)
+    if (parts[r]->sum_exp > 0) sum += parts[r]->sum_exp * std::exp(parts[r]->max_scaled - mx);
+  return {mx, sum};
+}
+
+float SoftmaxProb(const SoftmaxTotal& t, float logit, float temperature) {
+  if (!(t.sum_exp > 0)) return 0.f;
+  return static_cast<float>(std::exp(static_cast<double>(logit / temperature) - t.max_scaled) /
+                            t.sum_exp);
+}
+
+}  // namespace drafthead::cpu

@@ -1,0 +1,40 @@
+// Per-shard reductions of one row of fp32 logits on the CPU, and the merge rank 0 runs over every
+// rank's candidates. The CUDA kernels (kernels/cuda/shard_reduce.cu) produce the same Candidate /
+// SoftmaxPartial records, so the merge is shared.
+//
+// A row's logits y[0, n_valid) are the shard's uncropped columns; column j is token id_base + j.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/candidate.h"
+
+namespace drafthead::cpu {
+
+// The k best columns, best first (ties to the smaller id); slots past n_valid get id -1.
+// part: max and sum of exp over y / temperature (only when part != nullptr).
+void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, float temperature,
+               Candidate* out, SoftmaxPartial* part);
+
+// The best column (ties to the smaller id).
+void ShardArgmax(const float* y, int64_t n_valid, int32_t id_base, Candidate* out);
+
+// The Gumbel-max sample: the column with the largest SampleKey(y, T, seed, row, id).
+void ShardSample(const float* y, int64_t n_valid, int32_t id_base, float temperature,
+                 uint64_t seed, uint32_t row, Candidate* out);
+
+// Merges `lists` sorted candidate lists of `per_list` entries each (rank r's at
+// lists + r * stride) into the best k, best first. Returns how many real candidates came out.
+uint32_t MergeCandidates(const Candidate* const* lists, int nlists, uint32_t per_list, uint32_t k,
+                         Candidate* out);
+
+// Combines the ranks' softmax partials into the global (max, sum); the probability of a logit v
+// is then exp(v / T - max) / sum.
+struct SoftmaxTotal {
+  double max_scaled;
+  double sum_exp;
+};
+SoftmaxTotal CombineSoftmax(const SoftmaxPartial* const* parts, int n);
+float SoftmaxProb(const SoftmaxTotal& t, float logit, float temperature);
+
+}  // namespace drafthead::cpu

@@ -1,0 +1,80 @@
+// What rank 0 broadcasts for one step, and the fixed layout of what each rank sends back.
+// Both are plain bytes on the wire between ranks of one build (no versioning across builds: a
+// group always runs one binary), so they are trivially copyable PODs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/candidate.h"
+
+namespace drafthead {
+
+inline constexpr int kMaxRowsLimit = 256;   // hard cap on --max-rows
+inline constexpr int kMaxTopKLimit = 1024;  // hard cap on --max-top-k
+
+enum class RowMode : uint8_t { kFullLogits = 0, kTopK = 1, kArgmax = 2, kSample = 3 };
+enum class RowHead : uint8_t { kFp8Twin = 0, kBf16Exact = 1 };
+enum class OutDType : uint8_t { kBf16 = 0, kFp32 = 1 };
+
+// One row of the batch. Rows of one request are consecutive and share everything but
+// row_in_request.
+struct RowTask {
+  RowMode mode;
+  RowHead head;
+  OutDType dtype;         // kFullLogits
+  uint8_t want_probs;     // kTopK
+  uint32_t k;             // kTopK: top_k; kArgmax / kSample: 1; kFullLogits: 0
+  float temperature;      // kTopK probs and kSample; 1 where unused
+  uint32_t row_in_request;
+  uint64_t seed;          // kSample
+};
+static_assert(std::is_trivially_copyable_v<RowTask> && sizeof(RowTask) == 24);
+
+enum class BatchOp : uint32_t { kRun = 1, kHeartbeat = 2, kShutdown = 3 };
+
+struct BatchControl {
+  static constexpr uint32_t kMagic = 0x44484231;  // "DHB1"
+  uint32_t magic = kMagic;
+  BatchOp op = BatchOp::kHeartbeat;
+  uint64_t seq = 0;
+  uint32_t rows = 0;
+  uint32_t reserved = 0;
+  RowTask tasks[kMaxRowsLimit];
+};
+static_assert(std::is_trivially_copyable_v<BatchControl>);
+
+// Byte offsets of each row's block inside one rank's payload.
+struct PayloadLayout {
+  std::vector<size_t> row_offset;  // rows + 1 entries
+  size_t bytes() const { return row_offset.empty() ? 0 : row_offset.back(); }
+};
+
+// Bytes one row takes in a rank's payload: full logits are the whole shard (shard_rows values in
+// the requested dtype), reductions a SoftmaxPartial and k candidates. Rounded up to 16 bytes so
+// every block is aligned for vector stores and DMA.
+inline size_t RowPayloadBytes(const RowTask& t, int64_t shard_rows) {
+  size_t b;
+  if (t.mode == RowMode::kFullLogits) {
+    b = static_cast<size_t>(shard_rows) * (t.dtype == OutDType::kBf16 ? 2 : 4);
+  } else {
+    b = sizeof(SoftmaxPartial) + static_cast<size_t>(t.k) * sizeof(Candidate);
+  }
+  return (b + 15) & ~static_cast<size_t>(15);
+}
+
+inline PayloadLayout MakePayloadLayout(const RowTask* tasks, int rows, int64_t shard_rows) {
+  PayloadLayout l;
+  l.row_offset.resize(rows + 1);
+  size_t off = 0;
+  for (int i = 0; i < rows; ++i) {
+    l.row_offset[i] = off;
+    off += RowPayloadBytes(tasks[i], shard_rows);
+  }
+  l.row_offset[rows] = off;
+  return l;
+}
+
+}  // namespace drafthead

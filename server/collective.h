@@ -1,0 +1,45 @@
+// The collectives a rank group needs, behind one small interface (cf. leveldb's Env): rank 0
+// broadcasts each batch and gathers every rank's result. Implementations: Gloo over TCP
+// (gloo_collective.cc), NCCL (nccl_collective.cc, CUDA builds) and an in-process one for unit tests
+// (inproc_collective.h).
+//
+// Threads: one thread per rank calls into a Collective; calls are not thread-safe.
+// Failure: every call takes a timeout and returns a non-OK status (UNAVAILABLE for a lost peer,
+// DEADLINE_EXCEEDED for a timeout) instead of blocking forever. After a failure the collective is
+// broken: the only valid call is the destructor.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace drafthead {
+
+enum class MemorySpace { kHost, kDevice };
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual std::string name() const = 0;  // "gloo", "nccl", "inproc"
+
+  // Whether buffers may live in device memory (NCCL) or must be host memory (Gloo, in-process).
+  virtual bool AcceptsDeviceMemory() const { return false; }
+
+  // Root 0's `bytes` at `data` are copied into every other rank's `data`. All ranks call with the
+  // same `bytes`.
+  virtual absl::Status Broadcast(void* data, size_t bytes, MemorySpace space,
+                                 std::chrono::milliseconds timeout) = 0;
+
+  // Every rank contributes `bytes` from `send`; on rank 0, `recv` receives world() * bytes, rank r's
+  // block at offset r * bytes. `recv` is ignored on the other ranks.
+  virtual absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                              std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace drafthead

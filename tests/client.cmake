@@ -1,0 +1,1 @@
+# tests for client (fragment of tests/CMakeLists.txt)

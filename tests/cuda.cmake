@@ -1,0 +1,1 @@
+# tests for cuda (fragment of tests/CMakeLists.txt)

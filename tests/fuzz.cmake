@@ -1,0 +1,1 @@
+# tests for fuzz (fragment of tests/CMakeLists.txt)

@@ -1,0 +1,1 @@
+# tests for kernels (fragment of tests/CMakeLists.txt)

@@ -1,0 +1,1 @@
+# tests for server (fragment of tests/CMakeLists.txt)

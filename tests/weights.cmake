@@ -1,0 +1,1 @@
+# tests for weights (fragment of tests/CMakeLists.txt)
