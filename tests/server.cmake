@@ -1,1 +1,5 @@
-# tests for server (fragment of tests/CMakeLists.txt)
+# Server-side tests: the request edge, batching, the in-process engine, and end to end.
+drafthead_add_test(request_test SOURCES request_test.cc LIBS drafthead_service)
+drafthead_add_test(batcher_test SOURCES batcher_test.cc LIBS drafthead_service)
+drafthead_add_test(engine_test SOURCES engine_test.cc LIBS drafthead_service)
+drafthead_add_test(rendezvous_test SOURCES rendezvous_test.cc LIBS drafthead_service)

@@ -1,0 +1,44 @@
+// Rank 0's engine thread: takes batches from the Batcher, runs them across the group through the
+// RankEngine, combines every rank's payload into responses and completes the requests. While idle
+// it beats the group's heartbeat. On a group failure it fails everything pending and queued with
+// UNAVAILABLE, closes the batcher and reports through on_failure; on Stop it drains the queue first.
+//
+// Threads: Run on one dedicated thread; Stop and the accessors from any thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "server/batcher.h"
+#include "server/engine.h"
+#include "server/metrics.h"
+
+namespace drafthead {
+
+class Leader {
+ public:
+  Leader(RankEngine& engine, Batcher& batcher, Metrics* metrics,
+         std::function<void(const absl::Status&)> on_failure);
+
+  // Serves until Stop (drains the queue, shuts the workers down: returns OK) or a group failure
+  // (returns it).
+  absl::Status Run();
+  void Stop();  // asynchronous: Run returns once the queue is empty
+
+ private:
+  absl::Status RunOne(std::vector<BatchItem>& batch);
+
+  RankEngine& engine_;
+  Batcher& batcher_;
+  Metrics* metrics_;
+  std::function<void(const absl::Status&)> on_failure_;
+  std::atomic<bool> stopping_{false};
+  BatchControl ctl_;
+  std::vector<uint16_t> x_;
+};
+
+const char* ModeName(RowMode m);
+
+}  // namespace drafthead

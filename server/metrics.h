@@ -1,0 +1,75 @@
+// Prometheus metrics of rank 0, rendered in the text exposition format (version 0.0.4) and
+// served by an HTTP endpoint (--metrics-listen). Thread-safe: every method may be called from any
+// thread; recording takes one short mutex.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace drafthead {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  void Observe(double v);
+  // Appends name_bucket / _sum / _count lines with the given extra labels ("" or `mode="x"`).
+  void Render(const std::string& name, const std::string& labels, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(int world);
+
+  void RecordRequest(const std::string& mode, int grpc_code, uint32_t rows);
+  void RecordBatch(uint32_t rows, double compute_seconds);
+  void RecordLatency(double queue_seconds, double total_seconds);
+  void SetQueueDepth(uint32_t rows, uint32_t requests);
+  void SetRankHealth(int rank, bool up);
+  void SetWeightBytes(int rank, uint64_t bytes);
+  void SetServing(bool serving);
+
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  int world_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (mode, code) -> count
+  std::map<std::string, uint64_t> rows_;                      // mode -> rows
+  Histogram batch_rows_;
+  Histogram queue_s_, compute_s_, total_s_;
+  uint64_t batches_ = 0;
+  uint32_t queue_rows_ = 0, queue_requests_ = 0;
+  std::vector<int> rank_up_;
+  std::vector<uint64_t> weight_bytes_;
+  bool serving_ = false;
+};
+
+// Serves GET /metrics on host:port on its own thread until destroyed.
+class MetricsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& hostport,
+                                                              const Metrics* metrics);
+  ~MetricsServer();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace drafthead

@@ -1,0 +1,115 @@
+// The Batcher: packing order, row limits, backpressure, deadlines, cancellation, close.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "server/batcher.h"
+
+namespace drafthead {
+namespace {
+
+struct Probe {
+  absl::Status status = absl::UnknownError("not completed");
+  int calls = 0;
+};
+
+BatchItem Item(uint32_t rows, Probe* p, uint64_t id = 0) {
+  auto r = std::make_shared<PreparedRequest>();
+  r->rows = rows;
+  r->request_id = id;
+  BatchItem it;
+  it.req = r;
+  it.enqueued = Clock::now();
+  it.done = [p](const absl::Status& s, v1::LogitsResponse*) {
+    p->status = s;
+    ++p->calls;
+  };
+  return it;
+}
+
+TEST(BatcherTest, PacksInArrivalOrderUpToMaxRows) {
+  BatcherOptions o;
+  o.max_rows = 10;
+  Batcher b(o);
+  Probe p[5];
+  const uint32_t rows[5] = {4, 5, 3, 10, 1};
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(b.Submit(Item(rows[i], &p[i], i)).ok());
+  auto b1 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b1.size(), 2u);  // 4 + 5; the 3 would overflow 10 and must not jump the queue
+  EXPECT_EQ(b1[0].req->request_id, 0u);
+  EXPECT_EQ(b1[1].req->request_id, 1u);
+  auto b2 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b2.size(), 1u);
+  EXPECT_EQ(b2[0].req->request_id, 2u);
+  auto b3 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b3.size(), 1u);
+  auto b4 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b4.size(), 1u);
+  EXPECT_EQ(b.queued_rows(), 0u);
+  for (auto& it : b1) it.done(absl::OkStatus(), nullptr);
+}
+
+TEST(BatcherTest, RefusesPastTheQueueLimitAtOnce) {
+  BatcherOptions o;
+  o.max_rows = 8;
+  o.max_queue_rows = 10;
+  Batcher b(o);
+  Probe a, c, d;
+  EXPECT_TRUE(b.Submit(Item(6, &a)).ok());
+  absl::Status s = b.Submit(Item(5, &c));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(b.Submit(Item(4, &d)).ok());
+  EXPECT_EQ(b.dropped().rejected, 1u);
+}
+
+TEST(BatcherTest, DropsExpiredAndCancelledBeforeCompute) {
+  Batcher b(BatcherOptions{});
+  Probe expired, cancelled, live;
+  auto e = Item(1, &expired);
+  e.deadline = Clock::now() - std::chrono::milliseconds(1);
+  auto c = Item(1, &cancelled);
+  c.cancelled = [] { return true; };
+  b.Submit(std::move(e));
+  b.Submit(std::move(c));
+  b.Submit(Item(2, &live));
+  auto batch = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].req->rows, 2u);
+  EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(b.dropped().expired, 1u);
+  EXPECT_EQ(b.dropped().cancelled, 1u);
+}
+
+TEST(BatcherTest, QueueDelayLetsABatchFill) {
+  BatcherOptions o;
+  o.max_rows = 64;
+  o.max_queue_delay = std::chrono::milliseconds(200);
+  Batcher b(o);
+  Probe p1, p2;
+  b.Submit(Item(5, &p1));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    b.Submit(Item(5, &p2));
+  });
+  auto batch = b.Take(std::chrono::milliseconds(1000));
+  late.join();
+  EXPECT_EQ(batch.size(), 2u);
+}
+
+TEST(BatcherTest, CloseFailsQueuedAndLaterRequests) {
+  Batcher b(BatcherOptions{});
+  Probe q, later;
+  b.Submit(Item(1, &q));
+  b.Close(absl::UnavailableError("group failed"));
+  EXPECT_EQ(q.status.code(), absl::StatusCode::kUnavailable);
+  b.Submit(Item(1, &later));
+  EXPECT_EQ(later.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(later.calls, 1);
+  EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());
+}
+
+}  // namespace
+}  // namespace drafthead

@@ -1,0 +1,296 @@
+// The whole rank-0 data path in one process: ranks as threads over the in-process collective,
+// CPU backends on random shards, the Batcher and Leader, requests prepared from LogitsRequest
+// protos. Checked against the float64 reference of the per-shard twin, for tp = 1..4, vocab crops,
+// K = 64 and K = 256, every mode, mixed batches.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "inproc_collective.h"
+#include "server/batcher.h"
+#include "server/engine.h"
+#include "server/leader.h"
+#include "server_test_util.h"
+
+namespace drafthead {
+namespace {
+
+using testing::InProcCollective;
+using testing::InProcGroup;
+
+struct Group {
+  std::vector<std::unique_ptr<RankEngine>> engines;
+  std::vector<std::thread> workers;
+  std::unique_ptr<Batcher> batcher;
+  std::unique_ptr<Leader> leader;
+  std::thread leader_thread;
+  absl::Status leader_status;
+  ServingLimits limits;
+  ShardGeometry geo0;
+
+  ~Group() {
+    if (leader) leader->Stop();
+    if (leader_thread.joinable()) leader_thread.join();
+    for (auto& t : workers) t.join();
+  }
+};
+
+std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, int64_t k, int tp,
+                                  int64_t vocab, bool keep_bf16, uint32_t max_rows = 64,
+                                  BatcherOptions bopts = {}) {
+  auto g = std::make_unique<Group>();
+  auto shared = std::make_shared<InProcGroup>(tp);
+  EngineOptions eo;
+  eo.op_timeout = std::chrono::milliseconds(20000);
+  eo.max_rows = static_cast<int>(max_rows);
+  for (int r = 0; r < tp; ++r) {
+    ShardGeometry geo = ShardGeometry::Make(tp, r, k, rows, vocab);
+    BackendOptions bo;
+    bo.threads = 1;
+    bo.keep_bf16 = keep_bf16;
+    auto backend = MakeCpuBackend(bo);
+    ShardWeights sw;
+    sw.geo = geo;
+    sw.bf16.assign(static_cast<size_t>(geo.shard_rows) * k, 0);
+    std::copy(w.begin() + geo.row_begin() * k, w.begin() + (geo.row_begin() + geo.rows_present()) * k,
+              sw.bf16.begin());
+    EXPECT_TRUE(backend->Load(std::move(sw)).ok());
+    g->engines.push_back(std::make_unique<RankEngine>(
+        std::make_unique<InProcCollective>(shared, r, tp), std::move(backend), geo, eo));
+  }
+  g->geo0 = g->engines[0]->geometry();
+  for (int r = 1; r < tp; ++r)
+    g->workers.emplace_back([e = g->engines[r].get()] { EXPECT_TRUE(e->RunWorker().ok()); });
+  bopts.max_rows = max_rows;
+  g->batcher = std::make_unique<Batcher>(bopts);
+  g->leader = std::make_unique<Leader>(*g->engines[0], *g->batcher, nullptr, nullptr);
+  g->leader_thread = std::thread([p = g.get()] { p->leader_status = p->leader->Run(); });
+  g->limits.hidden = k;
+  g->limits.vocab_size = vocab;
+  g->limits.max_rows = max_rows;
+  g->limits.max_top_k = 64;
+  g->limits.has_bf16 = keep_bf16;
+  return g;
+}
+
+struct Result {
+  absl::Status status;
+  v1::LogitsResponse resp;
+};
+
+std::future<Result> Submit(Group& g, const v1::LogitsRequest& req) {
+  auto p = std::make_shared<std::promise<Result>>();
+  auto fut = p->get_future();
+  auto prepared = PrepareRequest(req, g.limits);
+  if (!prepared.ok()) {
+    p->set_value({prepared.status(), {}});
+    return fut;
+  }
+  BatchItem it;
+  it.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
+  it.enqueued = Clock::now();
+  it.done = [p](const absl::Status& s, v1::LogitsResponse* r) {
+    Result res{s, {}};
+    if (r) res.resp = *r;
+    p->set_value(std::move(res));
+  };
+  g.batcher->Submit(std::move(it));
+  return fut;
+}
+
+v1::LogitsRequest MakeRequest(const std::vector<uint16_t>& x, int rows, v1::Mode mode) {
+  v1::LogitsRequest r;
+  r.set_request_id(77);
+  r.set_rows(rows);
+  r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), x.size() * 2));
+  r.set_mode(mode);
+  return r;
+}
+
+std::vector<float> FloatLogits(const v1::LogitsResponse& r) {
+  std::vector<float> v(r.logits().size() / (r.logits_dtype() == v1::FP32 ? 4 : 2));
+  if (r.logits_dtype() == v1::FP32) {
+    std::memcpy(v.data(), r.logits().data(), r.logits().size());
+  } else {
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(r.logits().data());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Bf16ToFloat(b[i]);
+  }
+  return v;
+}
+
+struct Case {
+  int64_t rows, k;
+  int tp;
+  int64_t vocab;
+};
+
+class EngineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineTest, EveryModeMatchesTheReference) {
+  const Case c = GetParam();
+  const auto w = testing::RandomBf16(c.rows * c.k, 1000 + c.tp, 0.05f);
+  auto g = StartGroup(w, c.rows, c.k, c.tp, c.vocab, /*keep_bf16=*/true);
+  for (int m : {1, 5, 17, 64}) {
+    const auto x = testing::RandomBf16(static_cast<size_t>(m) * c.k, 7 * m + c.tp);
+    const auto ref = testing::ReferenceTwinLogits(w, c.rows, c.k, c.tp, c.vocab, x, m);
+    // FULL_LOGITS fp32, within fp32 accumulation error of the float64 reference.
+    auto full = MakeRequest(x, m, v1::FULL_LOGITS);
+    full.set_logits_dtype(v1::FP32);
+    auto f32 = Submit(*g, full);
+    auto bf = Submit(*g, MakeRequest(x, m, v1::FULL_LOGITS));  // bf16, batched with the above
+    Result r32 = f32.get(), rbf = bf.get();
+    ASSERT_TRUE(r32.status.ok()) << r32.status;
+    ASSERT_TRUE(rbf.status.ok()) << rbf.status;
+    ASSERT_EQ(r32.resp.vocab_size(), c.vocab);
+    ASSERT_EQ(r32.resp.logits().size(), static_cast<size_t>(m) * c.vocab * 4);
+    ASSERT_EQ(rbf.resp.logits().size(), static_cast<size_t>(m) * c.vocab * 2);
+    const auto y = FloatLogits(r32.resp);
+    const auto ybf = FloatLogits(rbf.resp);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.mag[i] + 1e-30) << "entry " << i << " m=" << m;
+      ASSERT_EQ(ybf[i], Bf16ToFloat(FloatToBf16(y[i]))) << "bf16 logits are the rounded fp32 ones";
+    }
+    // Reductions equal the exact reductions of the same fp32 logits.
+    v1::LogitsRequest topk = MakeRequest(x, m, v1::TOP_K);
+    topk.set_top_k(std::min<int64_t>(8, c.vocab));
+    topk.set_return_probs(true);
+    topk.set_temperature(0.7f);
+    v1::LogitsRequest arg = MakeRequest(x, m, v1::ARGMAX);
+    v1::LogitsRequest smp = MakeRequest(x, m, v1::SAMPLE);
+    smp.set_temperature(1.3f);
+    smp.set_seed(12345);
+    auto ft = Submit(*g, topk), fa = Submit(*g, arg), fs = Submit(*g, smp);
+    Result rt = ft.get(), ra = fa.get(), rs = fs.get();
+    ASSERT_TRUE(rt.status.ok() && ra.status.ok() && rs.status.ok()) << rt.status << ra.status << rs.status;
+    const uint32_t k = topk.top_k();
+    ASSERT_EQ(rt.resp.token_ids_size(), m * static_cast<int>(k));
+    ASSERT_EQ(rt.resp.probs_size(), m * static_cast<int>(k));
+    for (int i = 0; i < m; ++i) {
+      std::vector<float> row(y.begin() + i * c.vocab, y.begin() + (i + 1) * c.vocab);
+      const auto best = testing::TopKOfRow(row, row, k);
+      double zmax = -1e300, z = 0;
+      for (float v : row) zmax = std::max(zmax, static_cast<double>(v / 0.7f));
+      for (float v : row) z += std::exp(static_cast<double>(v / 0.7f) - zmax);
+      for (uint32_t j = 0; j < k; ++j) {
+        EXPECT_EQ(rt.resp.token_ids(i * k + j), best[j].id) << "row " << i << " rank " << j;
+        EXPECT_EQ(rt.resp.values(i * k + j), best[j].logit);
+        const double p = std::exp(static_cast<double>(best[j].logit / 0.7f) - zmax) / z;
+        EXPECT_NEAR(rt.resp.probs(i * k + j), p, 1e-5 * p + 1e-12);
+      }
+      EXPECT_EQ(ra.resp.token_ids(i), best[0].id);
+      std::vector<float> keys(row.size());
+      for (size_t t = 0; t < row.size(); ++t)
+        keys[t] = SampleKey(row[t], 1.3f, 12345, static_cast<uint32_t>(i), static_cast<uint32_t>(t));
+      const auto s = testing::TopKOfRow(keys, row, 1);
+      EXPECT_EQ(rs.resp.token_ids(i), s[0].id) << "row " << i;
+      EXPECT_EQ(rs.resp.values(i), s[0].logit);
+    }
+    // The bf16 head against its float64 reference.
+    auto bfh = MakeRequest(x, m, v1::FULL_LOGITS);
+    bfh.set_logits_dtype(v1::FP32);
+    bfh.set_head(v1::BF16_EXACT);
+    Result rb = Submit(*g, bfh).get();
+    ASSERT_TRUE(rb.status.ok()) << rb.status;
+    const auto refb = testing::ReferenceTwinLogits(w, c.rows, c.k, c.tp, c.vocab, x, m, /*bf16_head=*/true);
+    const auto yb = FloatLogits(rb.resp);
+    for (size_t i = 0; i < yb.size(); ++i) ASSERT_NEAR(yb[i], refb.y[i], 1e-5 * refb.mag[i] + 1e-30);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EngineTest,
+                         ::testing::Values(Case{300, 64, 1, 300}, Case{300, 64, 2, 300},
+                                           Case{300, 64, 3, 250}, Case{301, 256, 4, 301},
+                                           Case{256, 64, 4, 200}, Case{128, 256, 4, 33}),
+                         [](const auto& info) {
+                           const Case& c = info.param;
+                           return "rows" + std::to_string(c.rows) + "_k" + std::to_string(c.k) + "_tp" +
+                                  std::to_string(c.tp) + "_vocab" + std::to_string(c.vocab);
+                         });
+
+TEST(EngineTest, SampleDoesNotDependOnTpOrBatchMates) {
+  const int64_t rows = 512, k = 64;
+  const auto w = testing::RandomBf16(rows * k, 5, 0.05f);
+  const auto x = testing::RandomBf16(5 * k, 6);
+  std::vector<int32_t> first;
+  for (int tp : {1, 2, 4}) {
+    auto g = StartGroup(w, rows, k, tp, rows, false);
+    auto smp = MakeRequest(x, 5, v1::SAMPLE);
+    smp.set_temperature(1.0f);
+    smp.set_seed(99);
+    auto other = Submit(*g, MakeRequest(testing::RandomBf16(3 * k, tp), 3, v1::SAMPLE));
+    Result r = Submit(*g, smp).get();
+    other.get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    std::vector<int32_t> ids(r.resp.token_ids().begin(), r.resp.token_ids().end());
+    if (first.empty()) first = ids;
+    EXPECT_EQ(ids, first) << "tp=" << tp;
+  }
+}
+
+TEST(EngineTest, BatchedRequestsEqualTheSameRequestsAlone) {
+  const int64_t rows = 400, k = 64;
+  const auto w = testing::RandomBf16(rows * k, 9, 0.05f);
+  auto g = StartGroup(w, rows, k, 2, rows, false);
+  std::vector<v1::LogitsRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    const int m = 1 + i % 5;
+    auto r = MakeRequest(testing::RandomBf16(m * k, 100 + i), m,
+                         static_cast<v1::Mode>(i % 4));
+    r.set_top_k(3);
+    r.set_temperature(0.9f);
+    r.set_seed(i);
+    reqs.push_back(r);
+  }
+  std::vector<Result> alone;
+  for (const auto& r : reqs) alone.push_back(Submit(*g, r).get());
+  std::vector<std::future<Result>> futs;
+  for (const auto& r : reqs) futs.push_back(Submit(*g, r));
+  uint32_t max_batch = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Result b = futs[i].get();
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    max_batch = std::max(max_batch, b.resp.timing().batch_rows());
+    EXPECT_EQ(b.resp.logits(), alone[i].resp.logits()) << i;
+    EXPECT_EQ(std::vector<int32_t>(b.resp.token_ids().begin(), b.resp.token_ids().end()),
+              std::vector<int32_t>(alone[i].resp.token_ids().begin(), alone[i].resp.token_ids().end())) << i;
+    EXPECT_EQ(b.resp.rows(), reqs[i].rows());
+  }
+  EXPECT_GT(max_batch, 5u) << "concurrent requests should have been batched together";
+}
+
+TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
+  // Rank 1 never joins the collective: rank 0's first broadcast must time out, not hang.
+  auto shared = std::make_shared<InProcGroup>(2);
+  EngineOptions eo;
+  eo.op_timeout = std::chrono::milliseconds(300);
+  BackendOptions bo;
+  bo.threads = 1;
+  auto backend = MakeCpuBackend(bo);
+  ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);
+  ShardWeights sw;
+  sw.geo = geo;
+  sw.bf16.assign(32 * 64, 0);
+  ASSERT_TRUE(backend->Load(std::move(sw)).ok());
+  RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
+  Batcher b(BatcherOptions{});
+  absl::Status failure;
+  Leader leader(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
+  const auto t0 = Clock::now();
+  absl::Status s = leader.Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
+  // The batcher is closed: a new request fails at once with UNAVAILABLE.
+  BatchItem it;
+  auto p = std::make_shared<PreparedRequest>();
+  p->rows = 1;
+  it.req = p;
+  absl::Status got;
+  it.done = [&](const absl::Status& st, v1::LogitsResponse*) { got = st; };
+  b.Submit(std::move(it));
+  EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace drafthead

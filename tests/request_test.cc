@@ -1,0 +1,136 @@
+// Request validation: every malformed field is refused with INVALID_ARGUMENT naming it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "server/request.h"
+
+namespace drafthead {
+namespace {
+
+ServingLimits Limits() {
+  ServingLimits l;
+  l.hidden = 64;
+  l.vocab_size = 1000;
+  l.max_rows = 8;
+  l.max_top_k = 16;
+  l.has_bf16 = false;
+  return l;
+}
+
+v1::LogitsRequest Valid(int rows = 2) {
+  v1::LogitsRequest r;
+  r.set_rows(rows);
+  r.set_hidden(std::string(rows * 64 * 2, '\0'));
+  return r;
+}
+
+void ExpectBad(const v1::LogitsRequest& r, const std::string& field) {
+  auto p = PrepareRequest(r, Limits());
+  ASSERT_FALSE(p.ok()) << "accepted a bad " << field;
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.status().message().substr(0, field.size() + 1), field + ":") << p.status();
+}
+
+TEST(RequestTest, AcceptsValidRequests) {
+  auto p = PrepareRequest(Valid(), Limits());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->rows, 2u);
+  EXPECT_EQ(p->x.size(), 128u);
+  EXPECT_EQ(p->task.mode, RowMode::kFullLogits);
+  EXPECT_EQ(p->task.dtype, OutDType::kBf16);
+}
+
+TEST(RequestTest, Fp32HiddenIsRoundedToBf16) {
+  v1::LogitsRequest r = Valid(1);
+  r.set_hidden_dtype(v1::FP32);
+  std::vector<float> x(64, 0.f);
+  x[0] = 1.0f + 1.0f / 256;  // halfway between two bf16 values: rounds to even (1.0)
+  x[1] = 3.0f;
+  r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), 256));
+  auto p = PrepareRequest(r, Limits());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->x[0], 0x3f80);
+  EXPECT_EQ(p->x[1], 0x4040);
+}
+
+TEST(RequestTest, RefusesEachBadField) {
+  auto r = Valid();
+  r.set_rows(0);
+  ExpectBad(r, "rows");
+  r = Valid(9);
+  ExpectBad(r, "rows");
+  r = Valid();
+  r.set_hidden(std::string(10, '\0'));
+  ExpectBad(r, "hidden");
+  r = Valid();
+  r.set_hidden_dtype(v1::FP32);  // bytes now half of what fp32 needs
+  ExpectBad(r, "hidden");
+  r = Valid();
+  r.set_hidden_dtype(static_cast<v1::DType>(5));
+  ExpectBad(r, "hidden_dtype");
+  r = Valid();
+  r.set_mode(static_cast<v1::Mode>(9));
+  ExpectBad(r, "mode");
+  r = Valid();
+  r.set_logits_dtype(static_cast<v1::DType>(3));
+  ExpectBad(r, "logits_dtype");
+  r = Valid();
+  r.set_head(static_cast<v1::Head>(4));
+  ExpectBad(r, "head");
+  r = Valid();
+  r.set_head(v1::BF16_EXACT);
+  ExpectBad(r, "head");
+  r = Valid();
+  r.set_mode(v1::TOP_K);
+  r.set_top_k(0);
+  ExpectBad(r, "top_k");
+  r.set_top_k(17);
+  ExpectBad(r, "top_k");
+  r = Valid();
+  r.set_mode(v1::SAMPLE);
+  r.set_temperature(0);
+  ExpectBad(r, "temperature");
+  r.set_temperature(-1);
+  ExpectBad(r, "temperature");
+  r.set_temperature(std::numeric_limits<float>::quiet_NaN());
+  ExpectBad(r, "temperature");
+  r = Valid();
+  r.set_mode(v1::TOP_K);
+  r.set_top_k(3);
+  r.set_temperature(std::numeric_limits<float>::infinity());
+  ExpectBad(r, "temperature");
+  r = Valid(1);
+  std::string h(128, '\0');
+  h[10] = '\x80';
+  h[11] = '\x7f';  // bf16 0x7f80 = +inf
+  r.set_hidden(h);
+  ExpectBad(r, "hidden");
+}
+
+TEST(RequestTest, TopKTemperatureZeroMeansOne) {
+  auto r = Valid();
+  r.set_mode(v1::TOP_K);
+  r.set_top_k(4);
+  r.set_return_probs(true);
+  auto p = PrepareRequest(r, Limits());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->task.temperature, 1.0f);
+  EXPECT_EQ(p->task.k, 4u);
+  EXPECT_EQ(p->task.want_probs, 1);
+}
+
+TEST(RequestTest, TopKIsBoundedByTheVocabulary) {
+  ServingLimits l = Limits();
+  l.vocab_size = 5;
+  auto r = Valid();
+  r.set_mode(v1::TOP_K);
+  r.set_top_k(6);
+  EXPECT_FALSE(PrepareRequest(r, l).ok());
+  r.set_top_k(5);
+  EXPECT_TRUE(PrepareRequest(r, l).ok());
+}
+
+}  // namespace
+}  // namespace drafthead
