@@ -122,11 +122,13 @@ class ServerProcess {
   int status_ = 0;
 };
 
-inline std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+inline std::shared_ptr<grpc::Channel> Channel(
+    const std::string& target,
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
   grpc::ChannelArguments ca;
   ca.SetMaxReceiveMessageSize(-1);
   ca.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ca);
+  return grpc::CreateCustomChannel(target, creds, ca);
 }
 
 // grpc.health.v1.Health/Check through the generic stub: 1 = SERVING, 2 = NOT_SERVING, -1 = no answer.
@@ -150,8 +152,9 @@ inline int HealthStatus(const std::shared_ptr<grpc::Channel>& ch) {
 }
 
 // Polls health until SERVING, the process exits, or the timeout passes.
-inline bool WaitServing(ServerProcess& p, const std::string& target, std::chrono::seconds timeout) {
-  auto ch = Channel(target);
+inline bool WaitServing(ServerProcess& p, const std::string& target, std::chrono::seconds timeout,
+                        std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
+  auto ch = Channel(target, creds);
   const auto until = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < until) {
     if (!p.Running()) return false;
