@@ -242,5 +242,29 @@ TEST_F(Ops, ExpiredDeadlineIsNotComputed) {
   EXPECT_TRUE(dropped) << res->body;
 }
 
+TEST_F(Ops, RestartOnFailureBringsTheGroupBack) {
+  auto args = Base(2);
+  args.push_back("--restart=on-failure");
+  args.push_back("--op-timeout=2s");
+  ServerProcess sup(args, dir_ + "/restart.log");
+  ASSERT_TRUE(WaitServing(sup, target_, std::chrono::seconds(60))) << sup.Log();
+  auto groups = testing::ChildPids(sup.pid());
+  ASSERT_EQ(groups.size(), 1u);
+  auto workers = testing::ChildPids(groups[0]);
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0], SIGKILL);
+  ASSERT_TRUE(testing::ProcessGone(groups[0], std::chrono::seconds(15))) << "the failed group did not exit";
+  ASSERT_TRUE(WaitServing(sup, target_, std::chrono::seconds(60))) << sup.Log();
+  auto again = testing::ChildPids(sup.pid());
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(again[0], groups[0]);
+  v1::LogitsResponse resp;
+  EXPECT_TRUE(Call(Channel(target_), Req(2, v1::ARGMAX), &resp).ok());
+  kill(sup.pid(), SIGTERM);
+  const int st = sup.Wait(std::chrono::seconds(30));
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << sup.Log();
+}
+
 }  // namespace
 }  // namespace drafthead
