@@ -36,7 +36,10 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
     if (!q_.empty() && opts_.max_queue_delay.count() > 0) {
       // Let the batch fill until the oldest request has waited max_queue_delay.
       const auto until = q_.front().enqueued + opts_.max_queue_delay;
-      cv_.wait_until(l, until, [&] { return rows_ >= opts_.max_rows || !closed_.ok(); });
+      cv_.wait_until(l, until, [&] {
+        return rows_ >= opts_.max_rows || !closed_.ok() ||
+               (opts_.max_requests > 0 && q_.size() >= opts_.max_requests);
+      });
     }
     const auto now = Clock::now();
     uint32_t rows = 0;
@@ -53,6 +56,7 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
         continue;
       }
       if (rows + it.req->rows > opts_.max_rows) break;
+      if (opts_.max_requests > 0 && batch.size() >= opts_.max_requests) break;
       rows += it.req->rows;
       rows_ -= it.req->rows;
       batch.push_back(std::move(it));

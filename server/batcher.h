@@ -36,6 +36,7 @@ struct BatcherOptions {
   uint32_t max_rows = 64;
   uint32_t max_queue_rows = 4096;
   std::chrono::microseconds max_queue_delay{0};
+  uint32_t max_requests = 0;  // most requests in one batch (0: no limit; 1: batching off)
 };
 
 class Batcher {

@@ -62,6 +62,7 @@ ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
 ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EXACT");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
+ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120), "How long ranks wait for each other to join");
 ABSL_FLAG(absl::Duration, load_timeout, absl::Minutes(30), "How long rank 0 waits for every rank's shard");
@@ -290,6 +291,7 @@ int RunRank(const std::vector<std::string>& args) {
     bopts.max_rows = max_rows;
     bopts.max_queue_rows = std::max(absl::GetFlag(FLAGS_max_queue_rows), max_rows);
     bopts.max_queue_delay = std::chrono::microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+    bopts.max_requests = absl::GetFlag(FLAGS_max_batch_requests);
     batcher = std::make_unique<Batcher>(bopts);
     ServingLimits limits;
     limits.hidden = geo.hidden;

@@ -49,6 +49,19 @@ TEST(BatcherTest, PacksInArrivalOrderUpToMaxRows) {
   for (auto& it : b1) it.done(absl::OkStatus(), nullptr);
 }
 
+TEST(BatcherTest, MaxRequestsOneTurnsBatchingOff) {
+  BatcherOptions o;
+  o.max_requests = 1;
+  Batcher b(o);
+  Probe p[3];
+  for (int i = 0; i < 3; ++i) b.Submit(Item(2, &p[i], i));
+  for (int i = 0; i < 3; ++i) {
+    auto batch = b.Take(std::chrono::milliseconds(0));
+    ASSERT_EQ(batch.size(), 1u);
+    EXPECT_EQ(batch[0].req->request_id, static_cast<uint64_t>(i));
+  }
+}
+
 TEST(BatcherTest, RefusesPastTheQueueLimitAtOnce) {
   BatcherOptions o;
   o.max_rows = 8;
