@@ -7,7 +7,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "e2e_util.h"
 #include "server/weights.h"
@@ -225,37 +227,80 @@ TEST_F(E2E, FourRanksServeEveryModeAndRejectBadInput) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << p.Log();
 }
 
-TEST_F(E2E, KilledWorkerMakesRequestsUnavailableAndTheGroupExits) {
+struct FaultCase {
+  int worker;  // index among rank 0's children (rank = worker + 1)
+  int signal;  // SIGKILL: a dead rank; SIGSTOP: a hung one
+};
+
+class RankFault : public E2E, public ::testing::WithParamInterface<FaultCase> {};
+
+// Under load, a worker killed (or hung) makes requests fail with UNAVAILABLE within the op timeout,
+// never hang, and the whole group exits non-zero.
+TEST_P(RankFault, RequestsFailUnavailableAndTheGroupExits) {
+  const FaultCase fc = GetParam();
   auto args = Base(3);
-  for (auto a : {"--synthetic=3", "--hidden-size=256", "--padded-vocab=3000"}) args.push_back(a);
+  for (auto a : {"--synthetic=3", "--hidden-size=256", "--padded-vocab=3000", "--op-timeout=2s"})
+    args.push_back(a);
   ServerProcess p(args, dir_ + "/server.log");
   ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();
-  auto stub = v1::DraftHead::NewStub(Channel(target_));
-  const auto x = testing::RandomBf16(5 * kK, 3);
-  v1::LogitsResponse resp;
-  ASSERT_TRUE(Call(*stub, Req(x, 5, v1::ARGMAX), &resp).ok());
   auto kids = testing::ChildPids(p.pid());
   ASSERT_EQ(kids.size(), 2u);
-  const auto t0 = std::chrono::steady_clock::now();
-  kill(kids[1], SIGKILL);
-  // Within the op timeout every request fails with UNAVAILABLE (never hangs, never succeeds wrongly).
-  bool saw_unavailable = false;
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
-    grpc::Status s = Call(*stub, Req(x, 5, v1::ARGMAX), &resp, 5000);
-    if (!s.ok()) {
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-      saw_unavailable = true;
-      break;
-    }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> first_unavailable_ms{-1};
+  std::atomic<int> wrong_code{0}, ok_before{0};
+  std::atomic<int64_t> kill_ms{-1};
+  const auto t_start = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t_start).count();
+  };
+  std::vector<std::thread> load;
+  for (int c = 0; c < 4; ++c) {
+    load.emplace_back([&, c] {
+      auto stub = v1::DraftHead::NewStub(Channel(target_));
+      const auto x = testing::RandomBf16(5 * kK, c);
+      for (int i = 0; i < 100000 && !stop; ++i) {
+        v1::LogitsResponse resp;
+        grpc::Status s = Call(*stub, Req(x, 5, v1::TOP_K), &resp, 10000);
+        if (s.ok()) {
+          if (kill_ms < 0) ++ok_before;
+          continue;
+        }
+        if (s.error_code() != grpc::StatusCode::UNAVAILABLE) ++wrong_code;
+        int64_t expected = -1;
+        first_unavailable_ms.compare_exchange_strong(expected, since());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
   }
-  EXPECT_TRUE(saw_unavailable);
-  const int st = p.Wait(std::chrono::seconds(15));
-  ASSERT_NE(st, -1) << "group did not exit";
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  kill_ms = since();
+  kill(kids[fc.worker], fc.signal);
+  const int st = p.Wait(std::chrono::seconds(20));
+  const int64_t exit_ms = since();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : load) t.join();
+  ASSERT_NE(st, -1) << "group did not exit after the fault";
   EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "a failed group must exit non-zero";
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
-  // The remaining worker goes too.
-  EXPECT_TRUE(testing::ProcessGone(kids[0], std::chrono::seconds(5))) << "worker rank 1 outlived rank 0";
+  EXPECT_GT(ok_before.load(), 0);
+  ASSERT_GE(first_unavailable_ms.load(), 0) << "no request saw UNAVAILABLE";
+  EXPECT_EQ(wrong_code.load(), 0);
+  const int64_t to_unavailable = first_unavailable_ms - kill_ms, to_exit = exit_ms - kill_ms;
+  std::printf("fault signal=%d rank=%d: first UNAVAILABLE after %lld ms, group exit after %lld ms\n",
+              fc.signal, fc.worker + 1, static_cast<long long>(to_unavailable), static_cast<long long>(to_exit));
+  EXPECT_LT(to_unavailable, 2000 + 1500) << "UNAVAILABLE must come within the op timeout";
+  EXPECT_LT(to_exit, 2000 + 5000);
+  // The other worker goes too (it must not outlive rank 0).
+  EXPECT_TRUE(testing::ProcessGone(kids[1 - fc.worker], std::chrono::seconds(5)));
+  if (fc.signal == SIGSTOP) kill(kids[fc.worker], SIGKILL);
 }
+
+INSTANTIATE_TEST_SUITE_P(EachWorker, RankFault,
+                         ::testing::Values(FaultCase{0, SIGKILL}, FaultCase{1, SIGKILL}, FaultCase{1, SIGSTOP}),
+                         [](const auto& info) {
+                           return std::string(info.param.signal == SIGKILL ? "kill" : "hang") + "_rank" +
+                                  std::to_string(info.param.worker + 1);
+                         });
 
 // A minimal safetensors writer, independent of the server's.
 void WriteSafetensors(const std::string& path,
