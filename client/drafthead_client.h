@@ -1,0 +1,222 @@
+// drafthead client library: what a scheduler links to replace its local LM head with the service.
+//
+//   auto client = drafthead::client::DraftHeadClient::Connect("10.0.0.7:50051", {});
+//   if (!client.ok()) ...;
+//   auto top = (*client)->TopK(HiddenRows::Bf16(bits, rows), {.k = 8});
+//
+// Contract:
+// - Every call returns absl::Status / absl::StatusOr. A grpc::Status is converted once, at the
+//   edge (FromGrpcStatus); a response carrying an in-band `error` becomes that non-OK status, and a
+//   response whose sizes do not match the request becomes INTERNAL: a returned value is well formed.
+// - A call's deadline covers all its attempts. UNAVAILABLE is retried with exponential backoff
+//   and jitter up to RetryPolicy::max_attempts (the only code a retry cannot make worse: the
+//   request did not reach a server that acted on it). Other codes are returned at once.
+// - Thread-safe: one DraftHeadClient serves any number of threads; async callbacks run on gRPC's
+//   callback threads and must not block for long.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "drafthead/v1/drafthead.grpc.pb.h"
+
+namespace drafthead::client {
+
+// A full-logits answer for 64 rows of the default vocabulary in fp32, plus headroom for the other
+// fields and framing; applied both ways (the same bound covers 64 fp32 hidden rows many times).
+inline constexpr int kDefaultMaxMessageBytes = 64 * 129280 * 4 + (4 << 20);
+
+// grpc::Status -> absl::Status (the codes share numbers).
+absl::Status FromGrpcStatus(const grpc::Status& s);
+
+struct TlsOptions {
+  bool enabled = false;
+  std::string root_ca_pem;           // empty: the system's roots
+  std::string cert_chain_pem;        // mTLS client certificate, with private_key_pem
+  std::string private_key_pem;
+  std::string server_name_override;  // the name the server's certificate must carry
+
+  // Reads PEM files; any empty path is skipped. enabled = true when any of ca/cert/key is given.
+  static absl::StatusOr<TlsOptions> FromFiles(const std::string& ca_file, const std::string& cert_file,
+                                              const std::string& key_file, const std::string& server_name);
+};
+
+struct RetryPolicy {
+  int max_attempts = 3;  // total attempts, >= 1 (1: no retries)
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(1);
+  double multiplier = 2.0;
+  double jitter = 0.2;  // each backoff is scaled by a uniform factor in [1 - jitter, 1 + jitter]
+};
+
+struct ClientOptions {
+  TlsOptions tls;
+  int max_message_bytes = kDefaultMaxMessageBytes;  // send and receive
+  absl::Duration default_deadline = absl::Seconds(30);
+  RetryPolicy retry;
+  // Queue calls while the channel (re)connects instead of failing them with UNAVAILABLE at once.
+  bool wait_for_ready = false;
+  // Independent channels (TCP connections); calls go round robin. One is enough for a scheduler;
+  // the load tester uses more to spread work over server threads.
+  int channels = 1;
+};
+
+// A view of rows x hidden_size hidden states, row-major, little-endian; not owned.
+struct HiddenRows {
+  uint32_t rows = 0;
+  v1::DType dtype = v1::BF16;
+  std::string_view bytes;
+
+  static HiddenRows Bf16(std::span<const uint16_t> bits, uint32_t rows) {
+    return {rows, v1::BF16, {reinterpret_cast<const char*>(bits.data()), bits.size_bytes()}};
+  }
+  static HiddenRows Fp32(std::span<const float> values, uint32_t rows) {
+    return {rows, v1::FP32, {reinterpret_cast<const char*>(values.data()), values.size_bytes()}};
+  }
+};
+
+struct RequestOptions {
+  v1::DType logits_dtype = v1::BF16;  // Logits()
+  uint32_t k = 1;                     // TopK()
+  bool probs = false;                 // TopK(): softmax(logits / T) of each returned id
+  float temperature = 1.0f;           // TopK probs; Sample() (must be > 0)
+  uint64_t seed = 0;                  // Sample()
+  v1::Head head = v1::FP8_TWIN;
+  uint64_t request_id = 0;            // echoed by the server
+  absl::Duration deadline = absl::ZeroDuration();  // zero: ClientOptions::default_deadline
+};
+
+struct ServerTiming {
+  uint32_t queue_us = 0;
+  uint32_t compute_us = 0;
+  uint32_t batch_rows = 0;
+};
+
+struct LogitsResult {
+  uint32_t rows = 0;
+  uint32_t vocab_size = 0;
+  v1::DType dtype = v1::BF16;
+  std::string data;  // rows x vocab_size elements of dtype (bf16 as uint16 bits), little-endian
+  ServerTiming timing;
+
+  float At(uint32_t row, uint32_t col) const;
+  std::vector<float> ToFloat() const;  // widens bf16 exactly
+};
+
+struct TokensResult {
+  uint32_t rows = 0;
+  uint32_t k = 0;                  // 1 for Argmax and Sample
+  std::vector<int32_t> token_ids;  // rows x k, best first
+  std::vector<float> values;       // the logits of token_ids
+  std::vector<float> probs;        // rows x k with RequestOptions::probs, else empty
+  ServerTiming timing;
+};
+
+// Checks a response against its request and converts it (an in-band error becomes the status).
+absl::StatusOr<LogitsResult> ToLogitsResult(const v1::LogitsRequest& req, v1::LogitsResponse resp);
+absl::StatusOr<TokensResult> ToTokensResult(const v1::LogitsRequest& req, v1::LogitsResponse resp);
+// Builds the request for `mode` from hidden rows and options (copies the hidden bytes).
+v1::LogitsRequest BuildRequest(v1::Mode mode, const HiddenRows& hidden, const RequestOptions& options);
+
+// Synchronous bidirectional stream over StreamLogits: answers come one per request, in order.
+// Send() and Receive() may be called from two different threads (one sender, one receiver).
+class LogitsStream {
+ public:
+  ~LogitsStream();
+  absl::Status Send(const v1::LogitsRequest& request);
+  // The next answer. An in-band error becomes its non-OK status and the stream goes on; after the
+  // server has closed the stream, returns the final status (OUT_OF_RANGE when it closed cleanly).
+  absl::StatusOr<v1::LogitsResponse> Receive();
+  // No more requests: the server closes the stream after the outstanding answers.
+  absl::Status CloseSend();
+  // Waits for the server's final status (call after reading every answer).
+  absl::Status Finish();
+
+ private:
+  friend class DraftHeadClient;
+  LogitsStream() = default;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream_;
+  bool send_closed_ = false;
+  bool finished_ = false;
+  absl::Status final_;
+};
+
+class DraftHeadClient {
+ public:
+  template <typename T>
+  using Callback = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
+
+  // Creates the channel(s); does not wait for a connection (see WaitUntilServing).
+  static absl::StatusOr<std::unique_ptr<DraftHeadClient>> Connect(const std::string& target,
+                                                                  ClientOptions options = {});
+  ~DraftHeadClient();
+
+  // GetModelInfo (retried like any call).
+  absl::StatusOr<v1::ModelInfo> Info(absl::Duration deadline = absl::ZeroDuration());
+  // One grpc.health.v1 Health/Check of `service` ("" = the whole server): OK iff SERVING;
+  // UNAVAILABLE carrying the serving status otherwise.
+  absl::Status CheckHealth(const std::string& service = "", absl::Duration deadline = absl::Seconds(2));
+  // Polls CheckHealth until SERVING or `wait` runs out (then the last failure, as DEADLINE_EXCEEDED).
+  absl::Status WaitUntilServing(absl::Duration wait, absl::Duration poll_every = absl::Milliseconds(200));
+
+  // Synchronous calls.
+  absl::StatusOr<LogitsResult> Logits(const HiddenRows& hidden, const RequestOptions& options = {});
+  absl::StatusOr<TokensResult> TopK(const HiddenRows& hidden, const RequestOptions& options);
+  absl::StatusOr<TokensResult> Argmax(const HiddenRows& hidden, const RequestOptions& options = {});
+  absl::StatusOr<TokensResult> Sample(const HiddenRows& hidden, const RequestOptions& options);
+  // The raw call: response as the server sent it except that an in-band error is the status.
+  absl::StatusOr<v1::LogitsResponse> Compute(const v1::LogitsRequest& request,
+                                             absl::Duration deadline = absl::ZeroDuration());
+
+  // Asynchronous calls: `done` runs exactly once, on a gRPC callback thread. The hidden bytes are
+  // copied before returning, so the caller's buffer may be reused at once.
+  void ComputeAsync(v1::LogitsRequest request, Callback<v1::LogitsResponse> done,
+                    absl::Duration deadline = absl::ZeroDuration());
+  void LogitsAsync(const HiddenRows& hidden, const RequestOptions& options, Callback<LogitsResult> done);
+  void TokensAsync(v1::Mode mode, const HiddenRows& hidden, const RequestOptions& options,
+                   Callback<TokensResult> done);
+  // Future flavours of the above.
+  std::future<absl::StatusOr<LogitsResult>> LogitsFuture(const HiddenRows& hidden, const RequestOptions& options = {});
+  std::future<absl::StatusOr<TokensResult>> TokensFuture(v1::Mode mode, const HiddenRows& hidden,
+                                                          const RequestOptions& options);
+
+  // Opens a StreamLogits stream (not retried: a broken stream is the caller's to reopen).
+  absl::StatusOr<std::unique_ptr<LogitsStream>> OpenStream(absl::Duration deadline = absl::InfiniteDuration());
+
+  const ClientOptions& options() const { return options_; }
+  size_t channel_count() const { return channels_.size(); }
+  std::shared_ptr<grpc::Channel> channel(size_t i) const { return channels_[i % channels_.size()]; }
+
+ private:
+  struct AsyncCall;
+  DraftHeadClient(ClientOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels);
+  size_t NextChannel();
+  absl::Duration Backoff(int attempt);  // before attempt number `attempt` (2, 3, ...)
+  absl::Time DeadlineFor(absl::Duration d) const;
+  void StartAttempt(std::shared_ptr<AsyncCall> call);
+
+  ClientOptions options_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::DraftHead::Stub>> stubs_;
+  std::atomic<uint64_t> next_channel_{0};
+  std::atomic<uint64_t> jitter_state_;
+};
+
+// Channel arguments and credentials shared by the library and the load tester.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target, const ClientOptions& options,
+                                                           int channel_index);
+
+}  // namespace drafthead::client

@@ -1,0 +1,692 @@
+#include "client/load_tester.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace drafthead::client {
+namespace {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::internal::WireFormatLite;
+
+constexpr char kUnaryMethod[] = "/drafthead.v1.DraftHead/ComputeLogits";
+constexpr char kStreamMethod[] = "/drafthead.v1.DraftHead/StreamLogits";
+constexpr int kCodes = 17;              // gRPC status codes 0..16
+constexpr int kMalformedCode = 13;      // INTERNAL: an answer we could not read
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ScanTiming(CodedInputStream& in, ScannedResponse* out) {
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    uint32_t v;
+    if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT && field >= 1 && field <= 3) {
+      if (!in.ReadVarint32(&v)) return false;
+      (field == 1 ? out->queue_us : field == 2 ? out->compute_us : out->batch_rows) = v;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ScanError(CodedInputStream& in, ScannedResponse* out) {
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    if (field == 1 && WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT) {
+      uint64_t v;
+      if (!in.ReadVarint64(&v)) return false;
+      out->error_code = static_cast<int32_t>(v);
+    } else {
+      if (field == 2) out->has_error_message = true;
+      if (!WireFormatLite::SkipField(&in, tag)) return false;
+    }
+  }
+  return true;
+}
+
+// LogitsResponse: rows = 2 (varint), timing = 9, error = 10 (messages); everything else skipped.
+bool Scan(CodedInputStream& in, ScannedResponse* out) {
+  in.SetTotalBytesLimit(INT_MAX);
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    const auto wt = WireFormatLite::GetTagWireType(tag);
+    if (field == 2 && wt == WireFormatLite::WIRETYPE_VARINT) {
+      if (!in.ReadVarint32(&out->rows)) return false;
+    } else if ((field == 9 || field == 10) && wt == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      uint32_t len;
+      if (!in.ReadVarint32(&len)) return false;
+      const auto limit = in.PushLimit(static_cast<int>(len));
+      if (!(field == 9 ? ScanTiming(in, out) : ScanError(in, out))) return false;
+      if (!in.ConsumedEntireMessage()) return false;
+      in.PopLimit(limit);
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return in.ConsumedEntireMessage();
+}
+
+// ---- per-thread statistics --------------------------------------------------------------------
+
+struct ThreadStats {
+  LogLinearHistogram latency{7}, queue{7}, compute{7}, overhead{7}, batch_rows{7};
+  std::array<uint64_t, kCodes> codes{};
+  std::array<std::string, kCodes> examples;
+  uint64_t ok = 0, rows = 0;
+  int64_t last_done = 0;
+  std::vector<SecondStats> timeline;
+  std::vector<RequestRecord> records;
+};
+
+// Owns every thread's stats of the current run. A thread registers (one lock) the first time it
+// records in a run; a new run bumps the generation so stale thread_local pointers are ignored.
+class StatsRegistry {
+ public:
+  static StatsRegistry& Get() {
+    static StatsRegistry* r = new StatsRegistry();
+    return *r;
+  }
+  uint64_t NewRun() {
+    absl::MutexLock l(&mu_);
+    all_.clear();
+    return ++generation_;
+  }
+  ThreadStats* Local(uint64_t gen) {
+    thread_local uint64_t my_gen = 0;
+    thread_local ThreadStats* mine = nullptr;
+    if (my_gen != gen) {
+      absl::MutexLock l(&mu_);
+      all_.push_back(std::make_unique<ThreadStats>());
+      mine = all_.back().get();
+      my_gen = gen;
+    }
+    return mine;
+  }
+  std::vector<std::unique_ptr<ThreadStats>> Take() {
+    absl::MutexLock l(&mu_);
+    return std::move(all_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<ThreadStats>> all_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class Run;
+
+// One unary call slot, reused call after call (a ClientUnaryReactor may start a new call once
+// OnDone has run: gRPC has released the previous call by then).
+class UnaryCall final : public grpc::ClientUnaryReactor {
+ public:
+  UnaryCall(Run* run, size_t index) : run_(run), index_(index) {}
+  void Start(int64_t scheduled_ns, uint64_t seq);
+  void OnDone(const grpc::Status& s) override;
+
+  UnaryCall* next_free = nullptr;  // the open loop's lock-free free list
+
+ private:
+  Run* const run_;
+  const size_t index_;
+  std::optional<grpc::ClientContext> ctx_;
+  grpc::ByteBuffer response_;
+  int64_t start_ns_ = 0;
+  uint64_t seq_ = 0;
+};
+
+// One StreamLogits stream carrying many in-flight messages, answered in order, so the send times
+// wait in a FIFO. A mutex per stream orders writes (gRPC allows one outstanding write per stream);
+// statistics stay lock-free.
+class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  StreamCall(Run* run, size_t index) : run_(run), index_(index) {}
+  void Open();
+  // Queues one message scheduled at `scheduled_ns`; false if the stream is closing or broken.
+  bool Enqueue(int64_t scheduled_ns, uint64_t seq);
+  // No more messages: half-close once the queue has drained.
+  void Close();
+  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+ private:
+  struct Pending {
+    int64_t scheduled_ns;
+    uint64_t seq;
+  };
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Run* const run_;
+  const size_t index_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer read_buf_;
+  absl::Mutex mu_;
+  std::deque<Pending> awaiting_ ABSL_GUARDED_BY(mu_);  // sent or queued, not yet answered
+  size_t unwritten_ ABSL_GUARDED_BY(mu_) = 0;          // tail of awaiting_ not yet written
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class Run {
+ public:
+  Run(const LoadOptions& o, const std::vector<std::string>& requests, uint32_t rows)
+      : o_(o), rows_(rows), gen_(StatsRegistry::Get().NewRun()) {
+    for (const std::string& r : requests) {
+      grpc::Slice s(r);
+      pool_.emplace_back(&s, 1);
+    }
+  }
+
+  absl::StatusOr<LoadResult> Execute();
+
+  // Called by the calls.
+  const grpc::ByteBuffer* RequestFor(uint64_t seq) const { return &pool_[seq % pool_.size()]; }
+  grpc::GenericStub* Stub(size_t i) { return stubs_[i % stubs_.size()].get(); }
+  std::chrono::system_clock::time_point UnaryDeadline() const {
+    return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(o_.timeout);
+  }
+  bool IsStream() const { return o_.stream; }
+  std::optional<std::chrono::system_clock::time_point> StreamDeadline() const { return stream_deadline_; }
+
+  // Decides whether a request scheduled at `t` is sent; counts measured requests.
+  bool ShouldIssue(int64_t t) {
+    if (stop_.load(std::memory_order_relaxed)) return false;
+    if (t >= end_ns_) {
+      stop_.store(true, std::memory_order_relaxed);
+      return false;
+    }
+    if (t >= warm_end_ns_) {
+      const int64_t n = measured_issued_.fetch_add(1, std::memory_order_relaxed);
+      if (o_.requests > 0 && n >= o_.requests) {
+        measured_issued_.fetch_sub(1, std::memory_order_relaxed);
+        stop_.store(true, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    return true;
+  }
+  uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
+
+  // Records one answer (or failure) of a request sent at `start_ns`.
+  void Record(int64_t start_ns, int64_t done_ns, uint64_t seq, int code, const ScannedResponse& r,
+              const std::string* message) {
+    completed_.fetch_add(1, std::memory_order_relaxed);
+    if (code != 0) errors_.fetch_add(1, std::memory_order_relaxed);
+    if (start_ns < warm_end_ns_) return;  // warmup: not measured
+    ThreadStats* t = StatsRegistry::Get().Local(gen_);
+    if (code < 0 || code >= kCodes) code = 2;  // UNKNOWN
+    const int64_t lat = std::max<int64_t>(0, done_ns - start_ns);
+    ++t->codes[code];
+    if (code != 0 && t->examples[code].empty() && message) t->examples[code] = *message;
+    if (code == 0) {
+      ++t->ok;
+      t->rows += r.rows;
+      t->latency.Record(static_cast<uint64_t>(lat));
+      t->queue.Record(r.queue_us);
+      t->compute.Record(r.compute_us);
+      t->batch_rows.Record(r.batch_rows);
+      const int64_t server_ns = (int64_t{r.queue_us} + r.compute_us) * 1000;
+      t->overhead.Record(static_cast<uint64_t>(std::max<int64_t>(0, lat - server_ns)));
+    }
+    t->last_done = std::max(t->last_done, done_ns);
+    const size_t sec = static_cast<size_t>(std::max<int64_t>(0, done_ns - warm_end_ns_) / 1000000000);
+    if (sec >= t->timeline.size()) t->timeline.resize(sec + 1);  // once a second
+    SecondStats& s = t->timeline[sec];
+    if (code == 0) {
+      ++s.ok;
+      s.rows += r.rows;
+      s.latency.Record(static_cast<uint64_t>(lat));
+    } else {
+      ++s.errors;
+    }
+    if (o_.record_requests) {
+      t->records.push_back({seq, start_ns - warm_end_ns_, lat, code, r.queue_us, r.compute_us, r.batch_rows});
+    }
+  }
+
+  // Closed loop: a slot's call ended at `now`; start its next one or retire it.
+  void UnaryDone(UnaryCall* c, int64_t now) {
+    if (closed_loop_) {
+      if (ShouldIssue(now)) {
+        c->Start(now, NextSeq());
+        return;
+      }
+    } else {
+      // Open loop: back on the free list (Treiber push; the scheduler takes the whole list).
+      UnaryCall* head = free_.load(std::memory_order_relaxed);
+      do {
+        c->next_free = head;
+      } while (!free_.compare_exchange_weak(head, c, std::memory_order_release, std::memory_order_relaxed));
+    }
+    inflight_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  // A stream answered one message at `now`.
+  void StreamMessageDone(StreamCall* s, int64_t now) {
+    inflight_.fetch_sub(1, std::memory_order_acq_rel);
+    if (!closed_loop_) return;
+    if (ShouldIssue(now)) {
+      inflight_.fetch_add(1, std::memory_order_acq_rel);
+      if (!s->Enqueue(now, NextSeq())) {
+        inflight_.fetch_sub(1, std::memory_order_acq_rel);
+        s->Close();
+      }
+    } else {
+      s->Close();
+    }
+  }
+  void StreamLost(int64_t n) { inflight_.fetch_sub(n, std::memory_order_acq_rel); }
+  void StreamEnded(bool failed) {
+    if (failed) stream_failures_.fetch_add(1, std::memory_order_relaxed);
+    streams_done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+
+ private:
+  void OpenLoop();
+  void WaitForQuiet();
+  void Report(int64_t now);
+  LoadResult Merge();
+
+  const LoadOptions& o_;
+  const uint32_t rows_;
+  const uint64_t gen_;
+  std::vector<grpc::ByteBuffer> pool_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::vector<std::unique_ptr<UnaryCall>> unary_;
+  std::vector<std::unique_ptr<StreamCall>> streams_;
+  std::optional<std::chrono::system_clock::time_point> stream_deadline_;
+  bool closed_loop_ = true;
+  int64_t t0_ = 0, warm_end_ns_ = 0, end_ns_ = INT64_MAX;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> measured_issued_{0};
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> inflight_{0};
+  std::atomic<uint64_t> completed_{0}, errors_{0};
+  std::atomic<int64_t> stream_failures_{0};
+  std::atomic<int> streams_done_{0};
+  std::atomic<UnaryCall*> free_{nullptr};
+  LogLinearHistogram send_lag_{7};
+  int64_t last_report_ = 0;
+};
+
+void UnaryCall::Start(int64_t scheduled_ns, uint64_t seq) {
+  start_ns_ = scheduled_ns;
+  seq_ = seq;
+  ctx_.emplace();
+  ctx_->set_deadline(run_->UnaryDeadline());
+  response_.Clear();
+  run_->Stub(index_)->PrepareUnaryCall(&*ctx_, kUnaryMethod, grpc::StubOptions(), run_->RequestFor(seq), &response_,
+                                       this);
+  StartCall();
+}
+
+void UnaryCall::OnDone(const grpc::Status& s) {
+  const int64_t now = NowNs();
+  ScannedResponse r;
+  int code = static_cast<int>(s.error_code());
+  const std::string status_message = s.ok() ? std::string() : s.error_message();
+  const std::string* msg = &status_message;
+  static const std::string kMalformed = "response is not a valid LogitsResponse";
+  static const std::string kInBand = "in-band error";
+  if (s.ok()) {
+    grpc::ProtoBufferReader reader(&response_);
+    CodedInputStream in(&reader);
+    if (!Scan(in, &r)) {
+      code = kMalformedCode;
+      msg = &kMalformed;
+    } else if (r.error_code != 0) {
+      code = r.error_code;
+      msg = &kInBand;
+    }
+  }
+  run_->Record(start_ns_, now, seq_, code, r, msg);
+  run_->UnaryDone(this, now);
+}
+
+void StreamCall::Open() {
+  if (auto d = run_->StreamDeadline()) ctx_.set_deadline(*d);
+  run_->Stub(index_)->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
+  AddHold();  // writes come from outside reactions (scheduler, other streams): keep OnDone away
+  StartRead(&read_buf_);
+  StartCall();
+}
+
+bool StreamCall::Enqueue(int64_t scheduled_ns, uint64_t seq) {
+  absl::MutexLock l(&mu_);
+  if (closing_ || broken_) return false;
+  awaiting_.push_back({scheduled_ns, seq});
+  ++unwritten_;
+  if (!writing_) WriteNextLocked();
+  return true;
+}
+
+void StreamCall::WriteNextLocked() {
+  const Pending& p = awaiting_[awaiting_.size() - unwritten_];
+  --unwritten_;
+  writing_ = true;
+  ++written_;
+  StartWrite(run_->RequestFor(p.seq));
+}
+
+void StreamCall::Close() {
+  absl::MutexLock l(&mu_);
+  closing_ = true;
+  MaybeFinishLocked();
+}
+
+void StreamCall::MaybeFinishLocked() {
+  if (released_ || writing_) return;
+  if (broken_ || (closing_ && awaiting_.empty())) {
+    released_ = true;
+    if (!broken_) StartWritesDone();
+    RemoveHold();
+  }
+}
+
+void StreamCall::OnWriteDone(bool ok) {
+  absl::MutexLock l(&mu_);
+  writing_ = false;
+  if (!ok) broken_ = true;
+  if (!broken_ && unwritten_ > 0) {
+    WriteNextLocked();
+    return;
+  }
+  MaybeFinishLocked();
+}
+
+void StreamCall::OnReadDone(bool ok) {
+  const int64_t now = NowNs();
+  if (!ok) {
+    absl::MutexLock l(&mu_);
+    broken_ = true;
+    MaybeFinishLocked();
+    return;
+  }
+  ScannedResponse r;
+  int code = 0;
+  static const std::string kMalformed = "response is not a valid LogitsResponse";
+  static const std::string kInBand = "in-band error";
+  const std::string* msg = nullptr;
+  {
+    grpc::ProtoBufferReader reader(&read_buf_);
+    CodedInputStream in(&reader);
+    if (!Scan(in, &r)) {
+      code = kMalformedCode;
+      msg = &kMalformed;
+    } else if (r.error_code != 0) {
+      code = r.error_code;
+      msg = &kInBand;
+    }
+  }
+  Pending p{0, 0};
+  bool matched = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (awaiting_.size() > unwritten_) {
+      p = awaiting_.front();
+      awaiting_.pop_front();
+      matched = true;
+    }
+  }
+  StartRead(&read_buf_);
+  if (!matched) return;  // an answer to nothing we sent: ignore (the server broke ordering)
+  run_->Record(p.scheduled_ns, now, p.seq, code, r, msg);
+  run_->StreamMessageDone(this, now);
+}
+
+void StreamCall::OnDone(const grpc::Status& s) {
+  const int64_t now = NowNs();
+  std::deque<Pending> lost;
+  {
+    absl::MutexLock l(&mu_);
+    lost.swap(awaiting_);
+    unwritten_ = 0;
+    broken_ = true;
+  }
+  const int code = s.ok() ? static_cast<int>(grpc::StatusCode::UNAVAILABLE) : static_cast<int>(s.error_code());
+  static const std::string kEnded = "stream ended before answering";
+  const std::string message = s.ok() ? kEnded : s.error_message();
+  for (const Pending& p : lost) run_->Record(p.scheduled_ns, now, p.seq, code, ScannedResponse{}, &message);
+  run_->StreamLost(static_cast<int64_t>(lost.size()));
+  run_->StreamEnded(!s.ok());
+}
+
+void Run::Report(int64_t now) {
+  if (!o_.progress || now - last_report_ < 200000000) return;
+  last_report_ = now;
+  LoadProgress p;
+  p.elapsed_s = static_cast<double>(now - t0_) * 1e-9;
+  p.warming_up = now < warm_end_ns_;
+  p.completed = completed_.load(std::memory_order_relaxed);
+  p.errors = errors_.load(std::memory_order_relaxed);
+  p.inflight = inflight_.load(std::memory_order_relaxed);
+  o_.progress(p);
+}
+
+void Run::OpenLoop() {
+  std::mt19937_64 rng(o_.arrival_seed);
+  std::exponential_distribution<double> exp_gap(o_.rps);
+  const double gap_ns = 1e9 / o_.rps;
+  double next = static_cast<double>(t0_);
+  UnaryCall* local_free = nullptr;
+  size_t next_stream = 0;
+  for (uint64_t i = 0;; ++i) {
+    const int64_t sched = static_cast<int64_t>(next);
+    if (!ShouldIssue(sched)) break;
+    // Wait for the scheduled time: sleep while far, yield when close (a busy spin would take a
+    // core from gRPC on small machines). Late sends are not skipped: they go out at once and their
+    // lateness counts in their latency.
+    for (int64_t now = NowNs(); now < sched; now = NowNs()) {
+      Report(now);
+      const int64_t left = sched - now;
+      if (left > 200000) {
+        std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<int64_t>(left - 100000, 100000000)));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    // Safety valve: at max_inflight, wait (latency keeps counting from `sched`).
+    while (inflight_.load(std::memory_order_acquire) >= o_.max_inflight) {
+      Report(NowNs());
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    const uint64_t seq = NextSeq();
+    inflight_.fetch_add(1, std::memory_order_acq_rel);
+    if (o_.stream) {
+      StreamCall* s = streams_[next_stream++ % streams_.size()].get();
+      if (!s->Enqueue(sched, seq)) {
+        static const std::string kBroken = "stream broken";
+        Record(sched, NowNs(), seq, static_cast<int>(grpc::StatusCode::UNAVAILABLE), ScannedResponse{}, &kBroken);
+        inflight_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    } else {
+      if (!local_free) local_free = free_.exchange(nullptr, std::memory_order_acquire);
+      UnaryCall* c = local_free;
+      if (c) {
+        local_free = c->next_free;
+      } else {
+        unary_.push_back(std::make_unique<UnaryCall>(this, unary_.size()));  // grows to the peak in flight
+        c = unary_.back().get();
+      }
+      c->Start(sched, seq);
+    }
+    const int64_t sent = NowNs();
+    if (sched >= warm_end_ns_) send_lag_.Record(static_cast<uint64_t>(std::max<int64_t>(0, sent - sched)));
+    Report(sent);
+    next += (o_.arrival == Arrival::kPoisson) ? exp_gap(rng) * 1e9 : gap_ns;
+  }
+  for (auto& s : streams_) s->Close();
+}
+
+void Run::WaitForQuiet() {
+  for (;;) {
+    const bool calls_done = inflight_.load(std::memory_order_acquire) == 0;
+    const bool streams_done = streams_done_.load(std::memory_order_acquire) == static_cast<int>(streams_.size());
+    if (calls_done && streams_done) return;
+    Report(NowNs());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+absl::StatusOr<LoadResult> Run::Execute() {
+  if (pool_.empty()) return absl::InvalidArgumentError("no requests to send");
+  if (o_.connections < 1) return absl::InvalidArgumentError("--connections must be >= 1");
+  if (o_.rps < 0 || !std::isfinite(o_.rps)) return absl::InvalidArgumentError("--rps must be >= 0");
+  if (o_.rps == 0 && o_.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be >= 1");
+  if (o_.duration == absl::InfiniteDuration() && o_.requests <= 0) {
+    return absl::InvalidArgumentError("give a duration or a request count: the run must end");
+  }
+  if (o_.duration <= absl::ZeroDuration()) return absl::InvalidArgumentError("--duration must be > 0");
+  if (o_.max_inflight < 1) return absl::InvalidArgumentError("--max-inflight must be >= 1");
+  closed_loop_ = o_.rps == 0;
+  for (int i = 0; i < o_.connections; ++i) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = MakeChannel(o_.target, o_.client, i);
+    if (!ch.ok()) return ch.status();
+    channels_.push_back(*ch);
+    stubs_.push_back(std::make_unique<grpc::GenericStub>(*ch));
+  }
+  // Connect every channel before the clock starts: connection set-up is not the server's latency.
+  for (auto& ch : channels_) {
+    if (!ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", o_.target, " within 10 s"));
+    }
+  }
+  t0_ = NowNs();
+  last_report_ = t0_;
+  warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
+  if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
+  if (end_ns_ != INT64_MAX) {
+    stream_deadline_ = std::chrono::system_clock::now() + std::chrono::nanoseconds(end_ns_ - t0_) +
+                       absl::ToChronoNanoseconds(o_.timeout);
+  }
+  if (o_.stream) {
+    const int n = o_.streams > 0 ? o_.streams : o_.connections;
+    for (int i = 0; i < n; ++i) streams_.push_back(std::make_unique<StreamCall>(this, static_cast<size_t>(i)));
+    for (auto& s : streams_) s->Open();
+  }
+  if (closed_loop_) {
+    if (o_.stream) {
+      // Spread the in-flight messages over the streams; each answer sends the next on its stream.
+      for (int i = 0; i < o_.concurrency; ++i) {
+        const int64_t now = NowNs();
+        if (!ShouldIssue(now)) break;
+        inflight_.fetch_add(1, std::memory_order_acq_rel);
+        if (!streams_[i % streams_.size()]->Enqueue(now, NextSeq())) inflight_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      // Streams that got nothing (concurrency < streams) close at once.
+      for (size_t i = static_cast<size_t>(o_.concurrency); i < streams_.size(); ++i) streams_[i]->Close();
+      if (stop_.load()) {
+        for (auto& s : streams_) s->Close();
+      }
+    } else {
+      for (int i = 0; i < o_.concurrency; ++i) unary_.push_back(std::make_unique<UnaryCall>(this, static_cast<size_t>(i)));
+      for (auto& c : unary_) {
+        const int64_t now = NowNs();
+        if (!ShouldIssue(now)) break;
+        inflight_.fetch_add(1, std::memory_order_acq_rel);
+        c->Start(now, NextSeq());
+      }
+    }
+    // The calls drive themselves; wait for the stop condition and the drain.
+    while (!stop_.load(std::memory_order_relaxed)) {
+      const int64_t now = NowNs();
+      if (now >= end_ns_) stop_.store(true);
+      Report(now);
+      if (inflight_.load() == 0) break;  // every slot retired (count reached)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  } else {
+    OpenLoop();
+  }
+  WaitForQuiet();
+  return Merge();
+}
+
+LoadResult Run::Merge() {
+  LoadResult r;
+  r.concurrency = closed_loop_ ? o_.concurrency : 0;
+  r.rps_target = o_.rps;
+  r.issued = static_cast<uint64_t>(measured_issued_.load());
+  r.stream_failures = stream_failures_.load();
+  r.send_lag = send_lag_;
+  int64_t last_done = warm_end_ns_;
+  std::array<uint64_t, kCodes> codes{};
+  for (auto& t : StatsRegistry::Get().Take()) {
+    r.latency.Merge(t->latency);
+    r.queue_us.Merge(t->queue);
+    r.compute_us.Merge(t->compute);
+    r.overhead.Merge(t->overhead);
+    r.batch_rows.Merge(t->batch_rows);
+    for (int c = 0; c < kCodes; ++c) {
+      codes[c] += t->codes[c];
+      if (c != 0 && !t->examples[c].empty() && !r.error_examples.count(c)) r.error_examples[c] = t->examples[c];
+    }
+    r.ok += t->ok;
+    r.rows += t->rows;
+    last_done = std::max(last_done, t->last_done);
+    if (t->timeline.size() > r.timeline.size()) r.timeline.resize(t->timeline.size());
+    for (size_t s = 0; s < t->timeline.size(); ++s) {
+      r.timeline[s].ok += t->timeline[s].ok;
+      r.timeline[s].errors += t->timeline[s].errors;
+      r.timeline[s].rows += t->timeline[s].rows;
+      r.timeline[s].latency.Merge(t->timeline[s].latency);
+    }
+    r.records.insert(r.records.end(), t->records.begin(), t->records.end());
+  }
+  for (int c = 1; c < kCodes; ++c) {
+    if (codes[c]) {
+      r.errors_by_code[c] = codes[c];
+      r.errors += codes[c];
+    }
+  }
+  std::sort(r.records.begin(), r.records.end(), [](const RequestRecord& a, const RequestRecord& b) { return a.seq < b.seq; });
+  r.elapsed_s = std::max(1e-9, static_cast<double>(last_done - warm_end_ns_) * 1e-9);
+  r.requests_per_s = static_cast<double>(r.ok + r.errors) / r.elapsed_s;
+  r.ok_per_s = static_cast<double>(r.ok) / r.elapsed_s;
+  r.rows_per_s = static_cast<double>(r.rows) / r.elapsed_s;
+  (void)rows_;
+  return r;
+}
+
+}  // namespace
+
+bool ScanLogitsResponse(const std::string& bytes, ScannedResponse* out) {
+  google::protobuf::io::ArrayInputStream stream(bytes.data(), static_cast<int>(bytes.size()));
+  CodedInputStream in(&stream);
+  return Scan(in, out);
+}
+
+absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
+                                   uint32_t rows_per_request) {
+  Run run(options, requests, rows_per_request);
+  return run.Execute();
+}
+
+}  // namespace drafthead::client

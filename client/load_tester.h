@@ -1,0 +1,115 @@
+// The load tester's engine (drafthead-client load): drives ComputeLogits or StreamLogits with a
+// fixed request shape and measures what came back.
+//
+// - Closed loop (rps == 0): `concurrency` requests in flight at all times; each answer starts the
+//   next one from the completion callback.
+// - Open loop (rps > 0): requests are sent on a schedule (constant or Poisson arrivals) whatever the
+//   server does; latency is measured from the *scheduled* send time, so a client that falls behind
+//   (or a server that queues) shows up as latency, not as a lower send rate (no coordinated
+//   omission). In-flight requests are bounded by max_inflight as a safety valve only.
+// - Both stop after `duration` or `requests` (whichever first) past a time-based warmup whose
+//   requests are not measured. Every call has a deadline; the run always ends.
+//
+// Efficiency: the gRPC callback API on a generic stub with pre-serialized request ByteBuffers
+// (refcounted slices: no per-request serialization or copy of the hidden rows); responses are
+// scanned in place for the few fields measured (timing, error), never parsed into messages.
+// Statistics go to per-thread histograms (thread_local, registered once per thread and merged at the
+// end): the hot path takes no lock and allocates nothing of its own (the per-second timeline grows
+// once a second, the optional per-request records amortized).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/drafthead_client.h"
+#include "client/histogram.h"
+
+namespace drafthead::client {
+
+enum class Arrival { kConstant, kPoisson };
+
+struct LoadProgress {
+  double elapsed_s = 0;      // since the start, warmup included
+  bool warming_up = false;
+  uint64_t completed = 0;    // answers (ok or not), warmup included
+  uint64_t errors = 0;
+  int64_t inflight = 0;
+};
+
+struct LoadOptions {
+  std::string target;
+  ClientOptions client;      // TLS and message sizes; `channels` is taken from `connections`
+  int connections = 1;       // independent channels (TCP connections), used round robin
+  bool stream = false;       // StreamLogits instead of ComputeLogits
+  int streams = 0;           // stream mode: number of streams (0: one per connection)
+  int concurrency = 1;       // closed loop: requests in flight
+  double rps = 0;            // > 0: open loop at this rate
+  Arrival arrival = Arrival::kConstant;
+  uint64_t arrival_seed = 1;
+  absl::Duration duration = absl::Seconds(10);  // measured time; InfiniteDuration: until `requests`
+  int64_t requests = 0;      // measured requests to send (0: no count bound)
+  absl::Duration warmup = absl::ZeroDuration();
+  absl::Duration timeout = absl::Seconds(10);   // each unary call's deadline
+  int64_t max_inflight = 20000;                 // open loop safety valve
+  bool record_requests = false;                 // keep one RequestRecord per request (CSV)
+  // Called about every 200 ms from the thread that runs RunLoad.
+  std::function<void(const LoadProgress&)> progress;
+};
+
+struct RequestRecord {
+  uint64_t seq = 0;          // order of sending (scheduling order in open loop)
+  int64_t start_ns = 0;      // scheduled (open loop) or actual (closed loop) send, from measurement start
+  int64_t latency_ns = 0;
+  int32_t code = 0;          // gRPC status code; an in-band error's code when set
+  uint32_t queue_us = 0, compute_us = 0, batch_rows = 0;
+};
+
+struct SecondStats {         // one second of the measured window, by completion time
+  uint64_t ok = 0, errors = 0, rows = 0;
+  LogLinearHistogram latency{4};  // ns, 3% resolution is plenty for a time series
+};
+
+struct LoadResult {
+  int concurrency = 0;       // closed loop
+  double rps_target = 0;     // open loop
+  double elapsed_s = 0;      // measured window: warmup end to the last measured answer
+  uint64_t issued = 0;       // measured requests sent
+  uint64_t ok = 0;
+  uint64_t errors = 0;
+  std::map<int, uint64_t> errors_by_code;
+  std::map<int, std::string> error_examples;  // first message seen per code
+  uint64_t rows = 0;         // rows answered OK
+  double requests_per_s = 0; // answered (ok + errors) per second of the window
+  double ok_per_s = 0;
+  double rows_per_s = 0;
+  LogLinearHistogram latency{7};     // ns, OK answers
+  LogLinearHistogram queue_us{7};    // server Timing.queue_us
+  LogLinearHistogram compute_us{7};  // server Timing.compute_us
+  LogLinearHistogram overhead{7};    // ns: latency - queue - compute = network + client + server framing
+  LogLinearHistogram batch_rows{7};
+  LogLinearHistogram send_lag{7};    // ns: open loop, actual send - scheduled send
+  std::vector<SecondStats> timeline;
+  std::vector<RequestRecord> records;  // by seq, with LoadOptions::record_requests
+  int64_t stream_failures = 0;         // streams that ended with an error
+};
+
+// Runs one load test. `requests` are serialized LogitsRequests, used round robin (a small pool of
+// distinct hidden states); `rows_per_request` is their row count (for rows/s).
+absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
+                                   uint32_t rows_per_request);
+
+// Reads the measured fields of a serialized LogitsResponse without parsing it into a message
+// (skips the logits bytes). False if the bytes are not a valid LogitsResponse encoding.
+struct ScannedResponse {
+  uint32_t rows = 0, queue_us = 0, compute_us = 0, batch_rows = 0;
+  int32_t error_code = 0;
+  bool has_error_message = false;
+};
+bool ScanLogitsResponse(const std::string& bytes, ScannedResponse* out);
+
+}  // namespace drafthead::client
