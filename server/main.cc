@@ -27,6 +27,7 @@
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/engine.h"
+#include "server/flag_names.h"
 #include "server/gloo_collective.h"
 #include "server/launcher.h"
 #include "server/leader.h"
@@ -512,7 +513,9 @@ int RunRank(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("drafthead-server: tensor-parallel LM-head logits over gRPC");
   std::vector<std::string> args(argv, argv + argc);
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> storage;
+  std::vector<char*> normalized = drafthead::DashesToUnderscores(argc, argv, storage);
+  absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
   drafthead::SetLogLevel(absl::GetFlag(FLAGS_log_level) == "debug"  ? drafthead::LogLevel::kDebug
                          : absl::GetFlag(FLAGS_log_level) == "warn"  ? drafthead::LogLevel::kWarn
                          : absl::GetFlag(FLAGS_log_level) == "error" ? drafthead::LogLevel::kError

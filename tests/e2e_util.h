@@ -102,16 +102,16 @@ class ServerProcess {
   int Wait(std::chrono::milliseconds timeout) {
     if (exited_) return status_;
     const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
+    for (;;) {
       int st;
       if (waitpid(pid_, &st, WNOHANG) == pid_) {
         exited_ = true;
         status_ = st;
         return st;
       }
+      if (std::chrono::steady_clock::now() >= until) return -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return -1;
   }
   bool Running() { return Wait(std::chrono::milliseconds(0)) == -1; }
 
@@ -136,7 +136,8 @@ inline int HealthStatus(const std::shared_ptr<grpc::Channel>& ch) {
   grpc::GenericStub stub(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  grpc::ByteBuffer req, resp;  // empty HealthCheckRequest: service ""
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer req(&empty, 1), resp;  // empty HealthCheckRequest: service ""
   std::promise<grpc::Status> done;
   stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
                  [&](grpc::Status s) { done.set_value(s); });
