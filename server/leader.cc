@@ -23,6 +23,15 @@ Leader::Leader(RankEngine& engine, Batcher& batcher, Metrics* metrics,
 
 void Leader::Stop() { stopping_ = true; }
 
+void Leader::FailInFlight(const absl::Status& status) {
+  std::vector<std::function<void(const absl::Status&, v1::LogitsResponse*)>> fail;
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    fail.swap(inflight_);
+  }
+  for (auto& f : fail) f(status, nullptr);
+}
+
 absl::Status Leader::RunOne(std::vector<BatchItem>& batch) {
   const int64_t K = engine_.geometry().hidden;
   uint32_t rows = 0;
@@ -38,9 +47,28 @@ absl::Status Leader::RunOne(std::vector<BatchItem>& batch) {
     std::memcpy(&x_[static_cast<size_t>(r) * K], it.req->x.data(), it.req->x.size() * 2);
     r += it.req->rows;
   }
+  // Each completion becomes once-only, so FailInFlight (another thread) and this one cannot both
+  // answer a request.
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    inflight_.clear();
+    for (auto& it : batch) {
+      auto once = std::make_shared<std::atomic<bool>>(false);
+      auto inner = std::make_shared<std::function<void(const absl::Status&, v1::LogitsResponse*)>>(
+          std::move(it.done));
+      it.done = [once, inner](const absl::Status& s, v1::LogitsResponse* r) {
+        if (!once->exchange(true)) (*inner)(s, r);
+      };
+      inflight_.push_back(it.done);
+    }
+  }
   const auto t0 = Clock::now();
   auto gathered = engine_.RunBatch(ctl_, x_.data());
   const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    inflight_.clear();
+  }
   if (!gathered.ok()) {
     const absl::Status fail = absl::UnavailableError(
         absl::StrCat("the rank group failed: ", gathered.status().message()));

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,6 +28,9 @@ class Leader {
   // (returns it).
   absl::Status Run();
   void Stop();  // asynchronous: Run returns once the queue is empty
+  // Completes the requests of the batch now running with `status` (the group failed and that
+  // batch will never finish); their later completion by Run is suppressed.
+  void FailInFlight(const absl::Status& status);
 
  private:
   absl::Status RunOne(std::vector<BatchItem>& batch);
@@ -35,6 +40,8 @@ class Leader {
   Metrics* metrics_;
   std::function<void(const absl::Status&)> on_failure_;
   std::atomic<bool> stopping_{false};
+  std::mutex inflight_mu_;
+  std::vector<std::function<void(const absl::Status&, v1::LogitsResponse*)>> inflight_;
   BatchControl ctl_;
   std::vector<uint16_t> x_;
 };

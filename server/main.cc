@@ -469,7 +469,11 @@ int RunRank(const std::vector<std::string>& args) {
     kill(getpid(), SIGTERM);
   });
   absl::Status leader_status;
-  std::thread leader_thread([&] { leader_status = leader.Run(); });
+  std::atomic<bool> leader_done{false};
+  std::thread leader_thread([&] {
+    leader_status = leader.Run();
+    leader_done = true;
+  });
   service->SetReady(true);
   server->GetHealthCheckService()->SetServingStatus(true);
   metrics->SetServing(true);
@@ -479,16 +483,17 @@ int RunRank(const std::vector<std::string>& args) {
   server->GetHealthCheckService()->SetServingStatus(false);
   metrics->SetServing(false);
   if (failed) {
+    // The group is broken: nothing more can be computed. Fail what is queued and what is in the
+    // batch now running (UNAVAILABLE), give those answers a moment to leave, stop the workers (a
+    // hung one ignores SIGTERM) and exit at once: a graceful gRPC shutdown would only turn calls
+    // still arriving into CANCELLED, and the leader thread may sit in a collective's timeout.
     Log(LogLevel::kError, "group_failed_exiting");
     batcher->Close(absl::UnavailableError("the rank group failed"));
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    leader.Stop();
-    leader_thread.join();
-    if (watcher) {
-      watcher->SignalAll(SIGTERM);
-      if (!watcher->WaitAll(2000)) watcher->SignalAll(SIGKILL);
-    }
-    return 2;
+    leader.FailInFlight(absl::UnavailableError("the rank group failed during this batch"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (watcher) watcher->SignalAll(SIGKILL);
+    std::fflush(nullptr);
+    _exit(2);
   }
   Log(LogLevel::kInfo, "draining", "signal", g_signal.load());
   const absl::Duration grace = absl::GetFlag(FLAGS_drain_grace);
