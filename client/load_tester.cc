@@ -459,6 +459,10 @@ void StreamCall::OnReadDone(bool ok) {
   if (!matched) return;  // an answer to nothing we sent: ignore (the server broke ordering)
   run_->Record(p.scheduled_ns, now, p.seq, code, r, msg);
   run_->StreamMessageDone(this, now);
+  // Open loop: the scheduler closed the stream while answers were outstanding; the last one
+  // half-closes it.
+  absl::MutexLock l(&mu_);
+  if (closing_) MaybeFinishLocked();
 }
 
 void StreamCall::OnDone(const grpc::Status& s) {

@@ -1,0 +1,346 @@
+"""Python client for drafthead: a speculative-decoding draft model's LM head, served over gRPC.
+
+    from drafthead_client import RemoteDraftHead
+    head = RemoteDraftHead("127.0.0.1:50051")
+    logits = head.logits(hidden)            # hidden: [..., K] numpy (uint16 bf16 bits or float32) or torch
+    ids, values, probs = head.topk(hidden, k=8, probs=True)
+    ids, values = head.argmax(hidden)
+    ids, values = head.sample(hidden, temperature=0.8, seed=1234)
+
+Inputs and what comes back:
+- numpy uint16 (bf16 bits): logits as uint16 bf16 bits (dtype="bf16") or float32 (dtype="fp32");
+- numpy float32 (or another float type, converted): logits as float32 (bf16 values widened exactly
+  when dtype="bf16"); the server rounds fp32 hidden values to bf16 (round to nearest even);
+- torch tensor (when torch is importable): torch tensors on the input's device, logits bf16 or fp32,
+  token ids int64 (torch's index type);
+- bytes-like: raw little-endian rows (bf16 unless hidden_dtype="fp32"); logits come back as bytes,
+  token results as numpy.
+Leading dimensions are kept: hidden [B, S, K] gives logits [B, S, V] and ids [B, S, k] ([B, S] for
+argmax and sample). More rows than the server's max_rows are sent as several calls, in order.
+
+Errors raise DraftHeadError (a RuntimeError) carrying the gRPC status code name; an in-band error
+in a response raises it too. UNAVAILABLE is retried with exponential backoff (bounded attempts),
+all within the call's deadline.
+
+The generated stubs (drafthead.v1, drafthead_health.v1) come from the build: put the build's
+client/python_gen directory on sys.path (or PYTHONPATH), or set DRAFTHEAD_PY_STUBS to it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
+
+import numpy as np
+
+_stubs = os.environ.get("DRAFTHEAD_PY_STUBS")
+if _stubs and _stubs not in sys.path:
+    sys.path.insert(0, _stubs)
+
+import grpc  # noqa: E402
+
+try:
+    from drafthead.v1 import drafthead_pb2 as pb  # noqa: E402
+    from drafthead.v1 import drafthead_pb2_grpc as pb_grpc  # noqa: E402
+    from drafthead_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+except ImportError as e:  # pragma: no cover - a setup error, said plainly
+    raise ImportError(
+        "drafthead_client: generated stubs not found; build the drafthead_python_stubs target and put "
+        "<build>/client/python_gen on PYTHONPATH (or set DRAFTHEAD_PY_STUBS)") from e
+
+try:  # torch is optional
+    import torch  # type: ignore
+except ImportError:  # pragma: no cover
+    torch = None
+
+__all__ = ["RemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float32", "float32_to_bf16",
+           "DEFAULT_MAX_MESSAGE_BYTES"]
+
+# A full-logits answer for 64 fp32 rows of the default 129280-token vocabulary, plus headroom.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 129280 * 4 + (4 << 20)
+
+
+class DraftHeadError(RuntimeError):
+    """A failed call: `code` is the gRPC status code name ("INVALID_ARGUMENT", ...)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class TopK(NamedTuple):
+    ids: Any      # [..., k] int32 (numpy) / int64 (torch), best first
+    values: Any   # [..., k] float32 logits of ids
+    probs: Any    # [..., k] float32 softmax(logits / T) of ids, or None
+
+
+class Tokens(NamedTuple):
+    ids: Any      # [...] one token per row
+    values: Any   # [...] its logit
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widens bf16 bit patterns (uint16) to float32, exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Rounds float32 to bf16 bits (uint16), to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+_DTYPES = {"bf16": pb.BF16, "fp32": pb.FP32}
+_HEADS = {"fp8": pb.FP8_TWIN, "bf16": pb.BF16_EXACT}
+
+
+class _Encoded(NamedTuple):
+    data: bytes
+    rows: int
+    dtype: int           # pb.BF16 / pb.FP32
+    kind: str            # "bytes" | "numpy_bf16" | "numpy_f32" | "torch"
+    lead_shape: tuple    # leading dimensions of the input
+    device: Any          # torch device, or None
+
+
+class RemoteDraftHead:
+    """A drafthead server as an LM head. Thread-safe (one gRPC channel, shared)."""
+
+    def __init__(self, target: str, *, tls: bool = False, root_ca: Optional[str] = None,
+                 cert: Optional[str] = None, key: Optional[str] = None, server_name: Optional[str] = None,
+                 timeout: float = 30.0, attempts: int = 3, initial_backoff: float = 0.05,
+                 max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS)."""
+        if bool(cert) != bool(key):
+            raise ValueError("cert and key go together (mTLS needs both)")
+        opts = [("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.enable_retries", 0)]
+        if server_name:
+            opts.append(("grpc.ssl_target_name_override", server_name))
+        if tls or root_ca or cert:
+            def read(p):
+                with open(p, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=read(root_ca) if root_ca else None,
+                private_key=read(key) if key else None,
+                certificate_chain=read(cert) if cert else None)
+            self._channel = grpc.secure_channel(target, creds, options=opts)
+        else:
+            self._channel = grpc.insecure_channel(target, options=opts)
+        self._stub = pb_grpc.DraftHeadStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.target = target
+        self.timeout = timeout
+        self.attempts = max(1, int(attempts))
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self._info = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------------------
+    def _call(self, method, request, timeout: Optional[float]):
+        """One call with bounded retries on UNAVAILABLE, all inside one deadline."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        attempt = 1
+        while True:
+            try:
+                return method(request, timeout=max(0.001, deadline - time.monotonic()))
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.attempts:
+                    backoff = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
+                    backoff *= 1 + 0.2 * (2 * random.random() - 1)
+                    if time.monotonic() + backoff < deadline:
+                        time.sleep(backoff)
+                        attempt += 1
+                        continue
+                raise DraftHeadError(code.name, e.details() or "") from None
+
+    def info(self, refresh: bool = False) -> dict:
+        """GetModelInfo as a dict (cached)."""
+        if self._info is None or refresh:
+            m = self._call(self._stub.GetModelInfo, pb.ModelInfoRequest(), None)
+            self._info = {
+                "hidden_size": m.hidden_size, "vocab_size": m.vocab_size, "padded_vocab": m.padded_vocab,
+                "tp": m.tp, "shard_rows": m.shard_rows, "max_rows": m.max_rows, "max_top_k": m.max_top_k,
+                "backend": m.backend, "comm": m.comm, "heads": [pb.Head.Name(h) for h in m.heads],
+                "weights": m.weights, "version": m.version}
+        return self._info
+
+    def serving(self, timeout: float = 2.0) -> bool:
+        """One grpc.health.v1 check of the whole server."""
+        try:
+            r = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def wait_until_serving(self, timeout: float, poll: float = 0.2) -> None:
+        end = time.monotonic() + timeout
+        while not self.serving(timeout=max(0.1, min(2.0, end - time.monotonic()))):
+            if time.monotonic() + poll >= end:
+                raise DraftHeadError("DEADLINE_EXCEEDED", f"{self.target} not SERVING within {timeout} s")
+            time.sleep(poll)
+
+    # -- encoding ----------------------------------------------------------------------------------
+    def _encode(self, hidden, hidden_dtype: str = "bf16") -> _Encoded:
+        K = self.info()["hidden_size"]
+        if isinstance(hidden, (bytes, bytearray, memoryview)):
+            data = bytes(hidden)
+            esize = 4 if hidden_dtype == "fp32" else 2
+            if len(data) == 0 or len(data) % (K * esize):
+                raise ValueError(f"hidden: {len(data)} bytes is not a whole number of rows of {K} x {esize} bytes")
+            rows = len(data) // (K * esize)
+            return _Encoded(data, rows, _DTYPES[hidden_dtype], "bytes", (rows,), None)
+        if torch is not None and isinstance(hidden, torch.Tensor):
+            t = hidden.detach()
+            device = t.device
+            t = t.to("cpu").contiguous()
+            if t.dtype == torch.bfloat16:
+                arr = t.view(torch.int16).numpy().view(np.uint16)
+                dtype = pb.BF16
+            else:
+                arr = t.to(torch.float32).numpy()
+                dtype = pb.FP32
+            kind = "torch"
+        else:
+            arr = np.asarray(hidden)
+            device = None
+            if arr.dtype == np.uint16:
+                dtype, kind = pb.BF16, "numpy_bf16"
+            elif np.issubdtype(arr.dtype, np.floating):
+                arr = arr.astype(np.float32, copy=False)
+                dtype, kind = pb.FP32, "numpy_f32"
+            else:
+                raise TypeError(f"hidden: numpy dtype {arr.dtype}; want uint16 (bf16 bits) or a float type")
+        if arr.ndim < 1 or arr.shape[-1] != K:
+            raise ValueError(f"hidden: shape {tuple(arr.shape)}, want [..., {K}] (the server's hidden size)")
+        lead = tuple(arr.shape[:-1])
+        rows = int(np.prod(lead)) if lead else 1
+        if rows == 0:
+            raise ValueError("hidden: no rows")
+        arr = np.ascontiguousarray(arr).reshape(rows, K)
+        return _Encoded(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(), rows, dtype, kind,
+                        lead if lead else (), device)
+
+    def _requests(self, enc: _Encoded, mode: int, **fields) -> Iterator[Any]:
+        """The calls for `enc`, max_rows rows each."""
+        chunk = max(1, self.info()["max_rows"])
+        row_bytes = len(enc.data) // enc.rows
+        for r0 in range(0, enc.rows, chunk):
+            n = min(chunk, enc.rows - r0)
+            yield pb.LogitsRequest(request_id=r0, rows=n, hidden=enc.data[r0 * row_bytes:(r0 + n) * row_bytes],
+                                   hidden_dtype=enc.dtype, mode=mode, **fields)
+
+    def _compute(self, req, timeout):
+        resp = self._call(self._stub.ComputeLogits, req, timeout)
+        if resp.HasField("error") and resp.error.code != 0:
+            raise DraftHeadError(_code_name(resp.error.code), resp.error.message)
+        if resp.rows != req.rows:
+            raise DraftHeadError("INTERNAL", f"malformed response: {resp.rows} rows for {req.rows}")
+        return resp
+
+    # -- public API --------------------------------------------------------------------------------
+    def logits(self, hidden, *, dtype: str = "bf16", head: str = "fp8", hidden_dtype: str = "bf16",
+               timeout: Optional[float] = None):
+        """Full logits [..., vocab_size] (see the module docstring for the types)."""
+        enc = self._encode(hidden, hidden_dtype)
+        out_dtype = _DTYPES[dtype]
+        parts, vocab = [], None
+        for req in self._requests(enc, pb.FULL_LOGITS, logits_dtype=out_dtype, head=_HEADS[head]):
+            resp = self._compute(req, timeout)
+            esize = 4 if out_dtype == pb.FP32 else 2
+            if resp.logits_dtype != out_dtype or len(resp.logits) != req.rows * resp.vocab_size * esize:
+                raise DraftHeadError("INTERNAL", "malformed response: logits size or dtype")
+            vocab = resp.vocab_size
+            parts.append(resp.logits)
+        raw = b"".join(parts)
+        if enc.kind == "bytes":
+            return raw
+        if out_dtype == pb.FP32:
+            arr = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype="<u2").astype(np.uint16)
+        arr = arr.reshape(enc.lead_shape + (vocab,))
+        if enc.kind == "numpy_f32" and out_dtype == pb.BF16:
+            return bf16_to_float32(arr)
+        if enc.kind == "torch":
+            if out_dtype == pb.BF16:
+                t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(arr.copy())
+            return t.to(enc.device)
+        return arr
+
+    def _tokens(self, hidden, mode, k, hidden_dtype, timeout, **fields):
+        enc = self._encode(hidden, hidden_dtype)
+        ids, values, probs = [], [], []
+        want_probs = bool(fields.get("return_probs"))
+        for req in self._requests(enc, mode, **fields):
+            resp = self._compute(req, timeout)
+            n = req.rows * k
+            if len(resp.token_ids) != n or len(resp.values) != n or (want_probs and len(resp.probs) != n):
+                raise DraftHeadError("INTERNAL", "malformed response: token_ids/values/probs sizes")
+            ids.append(np.asarray(resp.token_ids, dtype=np.int32))
+            values.append(np.asarray(resp.values, dtype=np.float32))
+            if want_probs:
+                probs.append(np.asarray(resp.probs, dtype=np.float32))
+        shape = enc.lead_shape + ((k,) if mode == pb.TOP_K else ())
+        out = [np.concatenate(ids).reshape(shape), np.concatenate(values).reshape(shape),
+               np.concatenate(probs).reshape(shape) if want_probs else None]
+        if enc.kind == "torch":
+            out = [None if a is None else torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).to(enc.device)
+                   for a in out]
+        return out
+
+    def topk(self, hidden, k: int, *, probs: bool = False, temperature: float = 1.0, head: str = "fp8",
+             hidden_dtype: str = "bf16", timeout: Optional[float] = None) -> TopK:
+        """The k largest logits per row, best first (ties to the smaller id); probs over the whole vocabulary."""
+        i, v, p = self._tokens(hidden, pb.TOP_K, int(k), hidden_dtype, timeout, top_k=int(k), return_probs=probs,
+                               temperature=temperature, head=_HEADS[head])
+        return TopK(i, v, p)
+
+    def argmax(self, hidden, *, head: str = "fp8", hidden_dtype: str = "bf16",
+               timeout: Optional[float] = None) -> Tokens:
+        i, v, _ = self._tokens(hidden, pb.ARGMAX, 1, hidden_dtype, timeout, head=_HEADS[head])
+        return Tokens(i, v)
+
+    def sample(self, hidden, *, temperature: float, seed: int, head: str = "fp8", hidden_dtype: str = "bf16",
+               timeout: Optional[float] = None) -> Tokens:
+        """Gumbel-max sample per row; the draw depends only on (seed, row within the call, token id)."""
+        i, v, _ = self._tokens(hidden, pb.SAMPLE, 1, hidden_dtype, timeout, temperature=temperature,
+                               seed=int(seed), head=_HEADS[head])
+        return Tokens(i, v)
+
+    def stream(self, requests: Iterable[Any], timeout: Optional[float] = None) -> Iterator[Any]:
+        """StreamLogits: yields one LogitsResponse per LogitsRequest, in order. In-band errors are
+        yielded as responses with `error` set (the stream goes on); use pb.LogitsRequest to build."""
+        try:
+            for resp in self._stub.StreamLogits(iter(requests), timeout=timeout):
+                yield resp
+        except grpc.RpcError as e:
+            raise DraftHeadError(e.code().name, e.details() or "") from None
+
+
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES.get(code, f"CODE_{code}")

@@ -1,0 +1,274 @@
+// The load tester's engine against drafthead-fake-server: count and time bounds, closed and open
+// loops, streams, error accounting, open-loop schedule adherence against a slow server, and the
+// JSON report's schema. Every run is bounded in requests and time, on loopback.
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "client/drafthead_client.h"
+#include "client/load_report.h"
+#include "client/load_tester.h"
+#include "client/testing/fake_server_process.h"
+#include "kernels/numeric.h"
+
+namespace drafthead::client {
+namespace {
+
+using testing::FakeServerProcess;
+
+constexpr uint32_t K = 32, kRows = 5;
+
+std::vector<std::string> Pool(v1::Mode mode, int n = 4) {
+  std::vector<std::string> pool;
+  for (int p = 0; p < n; ++p) {
+    std::vector<uint16_t> h(kRows * K);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = FloatToBf16(std::cos(0.1f * static_cast<float>(i * (p + 1))));
+    RequestOptions o;
+    o.k = 4;
+    o.temperature = 1.0f;
+    pool.push_back(BuildRequest(mode, HiddenRows::Bf16(h, kRows), o).SerializeAsString());
+  }
+  return pool;
+}
+
+LoadOptions Base(const FakeServerProcess& s) {
+  LoadOptions o;
+  o.target = s.target();
+  o.duration = absl::Seconds(20);  // a bound; the count ends these runs
+  o.timeout = absl::Seconds(20);
+  return o;
+}
+
+TEST(ScanLogitsResponse, MatchesTheMessage) {
+  v1::LogitsResponse r;
+  r.set_request_id(7);
+  r.set_rows(3);
+  r.set_vocab_size(100);
+  r.set_logits(std::string(600, 'x'));
+  r.add_token_ids(5);
+  r.add_values(1.5f);
+  r.mutable_timing()->set_queue_us(123);
+  r.mutable_timing()->set_compute_us(456);
+  r.mutable_timing()->set_batch_rows(17);
+  ScannedResponse s;
+  ASSERT_TRUE(ScanLogitsResponse(r.SerializeAsString(), &s));
+  EXPECT_EQ(s.rows, 3u);
+  EXPECT_EQ(s.queue_us, 123u);
+  EXPECT_EQ(s.compute_us, 456u);
+  EXPECT_EQ(s.batch_rows, 17u);
+  EXPECT_EQ(s.error_code, 0);
+  r.mutable_error()->set_code(3);
+  r.mutable_error()->set_message("top_k: bad");
+  ScannedResponse e;
+  ASSERT_TRUE(ScanLogitsResponse(r.SerializeAsString(), &e));
+  EXPECT_EQ(e.error_code, 3);
+  EXPECT_TRUE(e.has_error_message);
+  ScannedResponse bad;
+  std::string truncated = r.SerializeAsString();
+  truncated.resize(truncated.size() / 2);
+  EXPECT_FALSE(ScanLogitsResponse(truncated, &bad));
+}
+
+TEST(LoadTester, ClosedLoopStopsAtTheCount) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.concurrency = 8;
+  o.connections = 2;
+  o.requests = 400;
+  o.record_requests = true;
+  auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->issued, 400u);
+  EXPECT_EQ(r->ok, 400u);
+  EXPECT_EQ(r->errors, 0u);
+  EXPECT_EQ(r->rows, 400u * kRows);
+  EXPECT_EQ(r->latency.count(), 400u);
+  EXPECT_EQ(r->records.size(), 400u);
+  EXPECT_EQ(r->batch_rows.Percentile(0.5), static_cast<double>(kRows));
+  EXPECT_GT(r->requests_per_s, 0);
+  std::set<uint64_t> seqs;
+  for (const auto& q : r->records) seqs.insert(q.seq);
+  EXPECT_EQ(seqs.size(), 400u);
+  uint64_t timeline_ok = 0;
+  for (const auto& s : r->timeline) timeline_ok += s.ok;
+  EXPECT_EQ(timeline_ok, 400u);
+}
+
+TEST(LoadTester, DurationBoundAndWarmupNotMeasured) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.concurrency = 4;
+  o.duration = absl::Milliseconds(600);
+  o.warmup = absl::Milliseconds(300);
+  const absl::Time t0 = absl::Now();
+  auto r = RunLoad(o, Pool(v1::TOP_K), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  EXPECT_GT(wall, 0.85);
+  EXPECT_LT(wall, 5.0);
+  EXPECT_GT(r->ok, 0u);
+  EXPECT_EQ(r->ok, r->issued);
+  EXPECT_LT(r->elapsed_s, 1.5);
+  EXPECT_GT(r->elapsed_s, 0.5);
+}
+
+TEST(LoadTester, ErrorsCountedByCode) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--fail-first=50"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.concurrency = 4;
+  o.requests = 200;
+  auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ok + r->errors, 200u);
+  EXPECT_EQ(r->errors_by_code[14], 50u);  // UNAVAILABLE
+  EXPECT_EQ(r->ok, 150u);
+  EXPECT_NE(r->error_examples[14].find("fail-first"), std::string::npos);
+  // A request the server refuses: every answer is INVALID_ARGUMENT (unary status).
+  std::vector<std::string> bad = {Pool(v1::ARGMAX)[0]};
+  v1::LogitsRequest q;
+  q.ParseFromString(bad[0]);
+  q.set_mode(v1::TOP_K);
+  q.set_top_k(100000);
+  bad[0] = q.SerializeAsString();
+  o.requests = 20;
+  auto b = RunLoad(o, bad, kRows);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->errors_by_code[3], 20u);
+}
+
+TEST(LoadTester, StreamsClosedAndOpenLoop) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.stream = true;
+  o.streams = 3;
+  o.concurrency = 8;
+  o.requests = 300;
+  auto r = RunLoad(o, Pool(v1::TOP_K), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ok, 300u);
+  EXPECT_EQ(r->errors, 0u);
+  EXPECT_EQ(r->stream_failures, 0);
+  // Open loop on streams, and in-band errors counted by their code.
+  LoadOptions p = Base(server);
+  p.stream = true;
+  p.rps = 400;
+  p.duration = absl::Seconds(1);
+  auto s = RunLoad(p, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NEAR(static_cast<double>(s->ok), 400.0, 40.0);
+  std::vector<std::string> bad = Pool(v1::ARGMAX, 1);
+  v1::LogitsRequest q;
+  q.ParseFromString(bad[0]);
+  q.set_rows(1000);
+  bad[0] = q.SerializeAsString();
+  o.requests = 30;
+  auto e = RunLoad(o, bad, kRows);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->errors_by_code[3], 30u);  // in-band INVALID_ARGUMENT; the stream went on
+}
+
+// The point of an open loop: a server slower than the offered rate shows as growing latency while
+// the client keeps sending on schedule (a closed loop would quietly send slower instead).
+TEST(LoadTester, OpenLoopKeepsTheScheduleAgainstASlowServer) {
+  // One worker, 2 ms per request: at most 500 requests/s.
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--delay-us=2000", "--workers=1"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.rps = 1000;
+  o.duration = absl::Milliseconds(1500);
+  o.record_requests = true;
+  auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Sent on schedule: 1500 in 1.5 s, whatever the server did.
+  EXPECT_NEAR(static_cast<double>(r->issued), 1500.0, 30.0);
+  EXPECT_LT(r->send_lag.Percentile(0.99), 50e6) << "the scheduler fell behind (ns)";
+  EXPECT_EQ(r->ok, r->issued);
+  // Answered at the server's pace, so the backlog and the latency grow over the run.
+  EXPECT_LT(r->ok_per_s, 700.0);
+  ASSERT_EQ(r->records.size(), r->issued);
+  const size_t n = r->records.size(), tenth = n / 10;
+  double early = 0, late = 0;
+  for (size_t i = 0; i < tenth; ++i) early += static_cast<double>(r->records[i].latency_ns);
+  for (size_t i = n - tenth; i < n; ++i) late += static_cast<double>(r->records[i].latency_ns);
+  EXPECT_GT(late, 5 * early) << "latency did not grow: early " << early / tenth << " ns, late " << late / tenth;
+  EXPECT_GT(r->latency.Percentile(0.99), 300e6);  // the last ones waited for ~700 queued ahead
+  EXPECT_GT(r->queue_us.Percentile(0.9), 100000.0);  // and the server says it was queueing
+  // The same server below its capacity: latency stays near the service time.
+  o.rps = 150;
+  o.duration = absl::Seconds(1);
+  auto c = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NEAR(static_cast<double>(c->issued), 150.0, 10.0);
+  EXPECT_LT(c->latency.Percentile(0.5), 50e6);
+}
+
+TEST(LoadReport, JsonSchemaAndHtml) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--fail-first=3"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.requests = 100;
+  o.record_requests = true;
+  LoadReport rep;
+  rep.started_at = "2026-12-02T00:00:00.000Z";
+  rep.config = {{"target", o.target}, {"loop", "closed"}};
+  rep.sweep = true;
+  for (int c : {1, 4}) {
+    o.concurrency = c;
+    auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+    ASSERT_TRUE(r.ok()) << r.status();
+    rep.runs.push_back(*std::move(r));
+  }
+  auto c = DraftHeadClient::Connect(o.target, {});
+  ASSERT_TRUE(c.ok());
+  auto info = (*c)->Info();
+  ASSERT_TRUE(info.ok());
+  rep.server = *info;
+  const nlohmann::ordered_json j = ToJson(rep);
+  EXPECT_EQ(j.at("schema_version"), kLoadReportSchemaVersion);
+  EXPECT_EQ(j.at("tool"), "drafthead-client load");
+  EXPECT_TRUE(j.at("config").is_object());
+  EXPECT_EQ(j.at("server").at("hidden_size"), K);
+  ASSERT_EQ(j.at("runs").size(), 2u);
+  for (const auto& run : j.at("runs")) {
+    for (const char* key : {"loop", "concurrency", "rps_target", "elapsed_s", "issued", "answered", "ok", "errors",
+                            "errors_by_code", "error_examples", "requests_per_s", "ok_per_s", "rows_per_s", "latency_us",
+                            "server_us", "batch_rows_p50", "send_lag_us", "stream_failures", "histogram_relative_error",
+                            "latency_histogram", "timeline"}) {
+      EXPECT_TRUE(run.contains(key)) << key;
+    }
+    for (const char* p : {"min", "p50", "p90", "p99", "p999", "max", "mean"}) {
+      ASSERT_TRUE(run.at("latency_us").at(p).is_number()) << p;
+    }
+    EXPECT_LE(run.at("latency_us").at("min"), run.at("latency_us").at("p50"));
+    EXPECT_LE(run.at("latency_us").at("p50"), run.at("latency_us").at("p99"));
+    EXPECT_LE(run.at("latency_us").at("p99"), run.at("latency_us").at("max"));
+    for (const char* s : {"queue", "compute", "network_client"}) EXPECT_TRUE(run.at("server_us").at(s).at("p50").is_number());
+    EXPECT_EQ(run.at("answered"), 100);
+    uint64_t hist = 0;
+    for (const auto& b : run.at("latency_histogram")) hist += b.at("count").get<uint64_t>();
+    EXPECT_EQ(hist, run.at("ok").get<uint64_t>());
+    EXPECT_FALSE(run.at("timeline").empty());
+    EXPECT_TRUE(run.at("timeline")[0].contains("p99_us"));
+  }
+  EXPECT_EQ(j.at("runs")[0].at("errors_by_code").at("UNAVAILABLE"), 3);
+  const std::string csv = ToCsv(rep);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 201);
+  const std::string html = ToHtml(rep);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  EXPECT_EQ(svgs, 2 + 3 * 2u);  // sweep curve, CDF; per run histogram, throughput, latency
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_NE(html.find("Concurrency sweep"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace drafthead::client

@@ -1,0 +1,114 @@
+"""Shared helpers for the client's Python tests: child servers on free loopback ports, a small
+safetensors reader/writer (independent of the client's C++ one, so each checks the other), and the
+fake server's toy head in numpy."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+BIN = os.environ.get("DRAFTHEAD_BIN_DIR", "build")
+CLIENT = os.path.join(BIN, "client", "drafthead-client")
+FAKE = os.path.join(BIN, "client", "drafthead-fake-server")
+
+
+class Child:
+    """A server child process that writes its port to --port-file (the fake server)."""
+
+    def __init__(self, args, exit_after_s=240):
+        self.dir = tempfile.mkdtemp(prefix="dh-client-test-")
+        port_file = os.path.join(self.dir, "port")
+        self.proc = subprocess.Popen([FAKE, "--listen=127.0.0.1:0", f"--port-file={port_file}",
+                                      f"--exit-after-s={exit_after_s}"] + list(args),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 15
+        self.port = 0
+        while time.monotonic() < deadline:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    self.port = int(f.read().strip())
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fake server exited: {self.proc.stderr.read().decode()}")
+            time.sleep(0.02)
+        if not self.port:
+            self.close()
+            raise RuntimeError("fake server did not start")
+        self.target = f"127.0.0.1:{self.port}"
+
+    def close(self):
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_ST_DTYPES = {"BF16": np.uint16, "F32": np.float32, "I32": np.int32, "U8": np.uint8}
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype string, numpy array)."""
+    header, blobs, off = {}, [], 0
+    for name, (dt, arr) in tensors.items():
+        b = np.ascontiguousarray(arr, dtype=_ST_DTYPES[dt]).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = (t["dtype"], np.frombuffer(data[8 + n + a:8 + n + b], dtype=_ST_DTYPES[t["dtype"]]).reshape(t["shape"]))
+    return out
+
+
+def bf16_bits(x):
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_float(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def toy_logits(hidden_bits, vocab):
+    """The fake server's head: y[m, n] = x[m, n mod K] * (1 + (n div K) / 4), in float32."""
+    x = bf16_float(hidden_bits.reshape(-1, hidden_bits.shape[-1]))
+    K = x.shape[1]
+    n = np.arange(vocab)
+    return (x[:, n % K] * (np.float32(1) + (n // K).astype(np.float32) * np.float32(0.25))).astype(np.float32)
