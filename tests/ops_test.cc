@@ -27,6 +27,7 @@ v1::LogitsRequest Req(int rows, v1::Mode mode, uint64_t seed = 1) {
   r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), x.size() * 2));
   r.set_mode(mode);
   r.set_top_k(4);
+  r.set_temperature(1.0f);
   return r;
 }
 
