@@ -5,6 +5,9 @@
 // Vectorized with AVX2/FMA where the CPU has it (checked at run time), portable scalar code
 // otherwise; both read each weight byte once per call whatever M is (rows are blocked inside).
 // Threads: work is split over output rows n on `pool`. Inputs are not modified; y must not alias.
+//
+// The environment variable DRAFTHEAD_CPU_GEMV=scalar forces the scalar path for HeadGemv*
+// (read once, at the first call), so whole-server tests can cover it.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,9 @@ namespace drafthead::cpu {
 
 // x: bf16 bits [m, k] row-major; codes: e4m3 [n, k]; exps: biased exponents [ceil(n/32), k/32];
 // y: fp32 [m, ldy], columns [0, n) written. k must be a multiple of 32.
+// The codes must come from a twin (never the NaN codes 0x7f / 0xff). Products are formed as
+// x * 2^(exp-119) times (e4m3 * 2^-8), both exact, so the result is the fp32-accumulated sum of
+// the exact products except where a product itself is outside the fp32 range.
 void HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                  int64_t n, float* y, int64_t ldy, ThreadPool& pool);
 
@@ -24,5 +30,34 @@ void HeadGemvBf16(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_
 
 // Which implementation HeadGemv* use on this machine ("avx2" or "scalar").
 const char* HeadGemvIsa();
+
+// ---- explicit implementation choice (tests, benchmarks) ----------------------------------------
+enum class GemvIsa { kAuto, kScalar, kAvx2 };
+
+// True when `isa` can run here (kAuto and kScalar always; kAvx2 needs AVX2 and FMA).
+bool GemvIsaAvailable(GemvIsa isa);
+
+// HeadGemv* with the implementation forced; kAuto is what HeadGemv* do. Calling with an
+// unavailable isa aborts (check GemvIsaAvailable first).
+void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                     const uint8_t* exps, int64_t n, float* y, int64_t ldy, ThreadPool& pool);
+void HeadGemvBf16With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint16_t* w,
+                      int64_t n, float* y, int64_t ldy, ThreadPool& pool);
+
+namespace internal {
+// Output rows are processed in bands of 32 (one twin exponent row each). These run bands
+// [b0, b1) single-threaded; HeadGemv* spread bands over the pool.
+void Fp8BandsScalar(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                    int64_t n, float* y, int64_t ldy, int64_t b0, int64_t b1);
+void Bf16BandsScalar(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_t n, float* y,
+                     int64_t ldy, int64_t b0, int64_t b1);
+#if defined(__x86_64__) || defined(__i386__)
+// head_gemv_avx2.cc (built with -mavx2 -mfma -mf16c); call only when GemvIsaAvailable(kAvx2).
+void Fp8BandsAvx2(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                  int64_t n, float* y, int64_t ldy, int64_t b0, int64_t b1);
+void Bf16BandsAvx2(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_t n, float* y,
+                   int64_t ldy, int64_t b0, int64_t b1);
+#endif
+}  // namespace internal
 
 }  // namespace drafthead::cpu
