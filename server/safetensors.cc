@@ -498,9 +498,11 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::File(std::string_view tensor)
   if (it == files_.end()) {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(file);
     if (!f.ok()) {
-      // File-level errors do not know which tensor was wanted: say so.
-      return absl::Status(f.status().code(), absl::StrCat(f.status().message(),
-                                                          " (reading tensor ", Quote(tensor), ")"));
+      // Header-level errors do not know which tensor was wanted: say so.
+      const std::string q = Quote(tensor);
+      if (f.status().message().find(q) != absl::string_view::npos) return f.status();
+      return absl::Status(f.status().code(),
+                          absl::StrCat(f.status().message(), " (reading tensor ", q, ")"));
     }
     it = files_.emplace(file, *std::move(f)).first;
   }
