@@ -115,6 +115,13 @@ TEST(ShardTopK, SingleShardMatchesSort) {
   }
 }
 
+TEST(ShardTopK, KZeroWritesNothing) {
+  const auto row = TiedRow(50, 3);
+  SoftmaxPartial p{0.f, 0.f};
+  cpu::ShardTopK(row.data(), 50, 0, 0, 1.0f, nullptr, &p);  // must not touch out
+  EXPECT_GT(p.sum_exp, 0.0f);
+}
+
 TEST(ShardTopK, EmptyShard) {
   std::vector<Candidate> out(4, Candidate{7, 1.f, 1.f});
   SoftmaxPartial p{1.f, 1.f};

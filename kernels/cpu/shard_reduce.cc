@@ -26,7 +26,7 @@ void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, flo
     if (heap.size() < k) {
       heap.push_back(c);
       std::push_heap(heap.begin(), heap.end(), WorseFirst());
-    } else if (CandidateBefore(c, heap.front())) {
+    } else if (k > 0 && CandidateBefore(c, heap.front())) {  // k == 0: no heap to look at
       std::pop_heap(heap.begin(), heap.end(), WorseFirst());
       heap.back() = c;
       std::push_heap(heap.begin(), heap.end(), WorseFirst());
