@@ -247,7 +247,8 @@ absl::StatusOr<Header> ParseHeader(const uint8_t* bytes, uint64_t size, uint64_t
 // ---- SafetensorsFile ----------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in place of a checkpoint must fail the S_ISREG check, not hang open().
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot open"));
   struct stat sb;
   if (::fstat(fd, &sb) != 0) {
@@ -392,7 +393,7 @@ bool IsPlainFileName(const std::string& f) {
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot open"));
   std::string out;
   char buf[1 << 16];
