@@ -48,6 +48,11 @@ PlotSpec Spec(std::string title, std::string x, std::string y, bool log_x = fals
   return p;
 }
 
+// Seconds of timeline bucket s that lie inside the measured window.
+double BucketSpan(const LoadResult& r, size_t s) {
+  return std::clamp(r.elapsed_s - static_cast<double>(s), 0.0, 1.0);
+}
+
 std::string RunTitle(const LoadResult& r) {
   return r.rps_target > 0 ? absl::StrFormat("open loop, %g req/s", r.rps_target)
                           : absl::StrCat("closed loop, concurrency ", r.concurrency);
@@ -153,7 +158,7 @@ Json ToJson(const LoadReport& rep) {
     Json tl = Json::array();
     for (size_t s = 0; s < r.timeline.size(); ++s) {
       const SecondStats& b = r.timeline[s];
-      tl.push_back(Json{{"t_s", s}, {"ok", b.ok}, {"errors", b.errors}, {"rows", b.rows},
+      tl.push_back(Json{{"t_s", s}, {"span_s", Round3(BucketSpan(r, s))}, {"ok", b.ok}, {"errors", b.errors}, {"rows", b.rows},
                         {"p50_us", Round3(Us(b.latency.Percentile(0.5)))}, {"p99_us", Round3(Us(b.latency.Percentile(0.99)))}});
     }
     x["timeline"] = tl;
@@ -300,13 +305,17 @@ std::string ToHtml(const LoadReport& rep) {
     PlotSeries okps = Series("ok/s", kColors[2]), errps = Series("errors/s", kColors[1]), l50 = Series("p50", kColors[0]), l99 = Series("p99", kColors[1]);
     for (size_t s = 0; s < r.timeline.size(); ++s) {
       const SecondStats& b = r.timeline[s];
-      // The last bucket is partial (the drain): scale it by nothing, but mark nothing either; it is
-      // what was answered in that second.
-      okps.points.push_back({static_cast<double>(s), static_cast<double>(b.ok)});
-      errps.points.push_back({static_cast<double>(s), static_cast<double>(b.errors)});
+      // Rates over the part of the second the run covered (the last bucket is partial), plotted at
+      // that part's middle; a sliver under 0.2 s would make a meaningless rate and is left out.
+      const double span = BucketSpan(r, s);
+      const double mid = static_cast<double>(s) + span / 2;
+      if (span >= 0.2) {
+        okps.points.push_back({mid, static_cast<double>(b.ok) / span});
+        errps.points.push_back({mid, static_cast<double>(b.errors) / span});
+      }
       if (b.ok) {
-        l50.points.push_back({static_cast<double>(s), Us(b.latency.Percentile(0.5))});
-        l99.points.push_back({static_cast<double>(s), Us(b.latency.Percentile(0.99))});
+        l50.points.push_back({mid, Us(b.latency.Percentile(0.5))});
+        l99.points.push_back({mid, Us(b.latency.Percentile(0.99))});
       }
     }
     okps.markers = errps.markers = l50.markers = l99.markers = true;

@@ -46,8 +46,25 @@ std::string HtmlEscape(absl::string_view s) {
 }
 
 std::string SvgPlot(const PlotSpec& spec, const std::vector<PlotSeries>& series) {
-  const double W = spec.width, H = spec.height;
-  const double L = 70, R = 20, T = 30, B = 45;  // margins: room for tick labels and titles
+  // The legend goes in rows under the x-axis label, so it never hides data.
+  std::vector<std::pair<double, int>> legend_pos;  // x offset and row per named series
+  {
+    double x = 0;
+    int row = 0;
+    for (const auto& s : series) {
+      if (s.name.empty()) continue;
+      const double w = 22 + 6.5 * static_cast<double>(s.name.size());
+      if (x > 0 && x + w > spec.width - 90) {
+        x = 0;
+        ++row;
+      }
+      legend_pos.push_back({x, row});
+      x += w;
+    }
+  }
+  const int legend_rows = legend_pos.empty() ? 0 : legend_pos.back().second + 1;
+  const double W = spec.width, H = spec.height + 16 * legend_rows;
+  const double L = 70, R = 20, T = 30, B = 45 + 16 * legend_rows;  // room for ticks, titles, legend
   const double pw = W - L - R, ph = H - T - B;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y1 = 0;
   bool any = false;
@@ -65,11 +82,12 @@ std::string SvgPlot(const PlotSpec& spec, const std::vector<PlotSeries>& series)
       "font-family=\"sans-serif\" font-size=\"11\" role=\"img\">\n<title>%s</title>\n"
       "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n"
       "<text x=\"%g\" y=\"18\" text-anchor=\"middle\" font-size=\"13\" font-weight=\"bold\">%s</text>\n",
-      spec.width, spec.height, spec.width, spec.height, HtmlEscape(spec.title), spec.width, spec.height, W / 2,
+      spec.width, static_cast<int>(H), spec.width, static_cast<int>(H), HtmlEscape(spec.title), spec.width,
+      static_cast<int>(H), W / 2,
       HtmlEscape(spec.title));
   absl::StrAppendFormat(&o, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n", L, T,
                         pw, ph);
-  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%s</text>\n", L + pw / 2, H - 8,
+  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%s</text>\n", L + pw / 2, T + ph + 36,
                         HtmlEscape(spec.x_label));
   absl::StrAppendFormat(&o, "<text x=\"14\" y=\"%g\" text-anchor=\"middle\" transform=\"rotate(-90 14 %g)\">%s</text>\n",
                         T + ph / 2, T + ph / 2, HtmlEscape(spec.y_label));
@@ -86,6 +104,10 @@ std::string SvgPlot(const PlotSpec& spec, const std::vector<PlotSeries>& series)
     lx0 -= spec.log_x ? 0.5 : std::max(1.0, std::fabs(lx0) * 0.1);
     lx1 += spec.log_x ? 0.5 : std::max(1.0, std::fabs(lx1) * 0.1);
   }
+  // A little room at both ends so end markers and their labels stay inside the frame.
+  const double pad = (lx1 - lx0) * 0.04;
+  lx0 -= pad;
+  lx1 += pad * 2;
   auto X = [&](double x) { return L + ((spec.log_x ? std::log10(x) : x) - lx0) / (lx1 - lx0) * pw; };
   auto Y = [&](double y) { return T + ph - y / y1 * ph; };
   // y ticks
@@ -113,7 +135,7 @@ std::string SvgPlot(const PlotSpec& spec, const std::vector<PlotSeries>& series)
     }
   }
   // series
-  double legend_y = T + 12;
+  size_t legend_i = 0;
   for (const auto& s : series) {
     std::string pts;
     const double bar_w = std::max(1.0, pw / std::max<size_t>(1, s.points.size()) * 0.9);
@@ -136,10 +158,10 @@ std::string SvgPlot(const PlotSpec& spec, const std::vector<PlotSeries>& series)
       absl::StrAppendFormat(&o, "\n<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", s.color, pts);
     }
     if (!s.name.empty()) {
-      absl::StrAppendFormat(&o, "<rect x=\"%g\" y=\"%g\" width=\"10\" height=\"10\" fill=\"%s\"/>", L + pw - 150, legend_y - 9,
-                            s.color);
-      absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\">%s</text>\n", L + pw - 136, legend_y, HtmlEscape(s.name));
-      legend_y += 14;
+      const auto [lx, row] = legend_pos[legend_i++];
+      const double ly = T + ph + 54 + 16 * row;
+      absl::StrAppendFormat(&o, "<rect x=\"%g\" y=\"%g\" width=\"10\" height=\"10\" fill=\"%s\"/>", L + lx, ly - 9, s.color);
+      absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\">%s</text>\n", L + lx + 14, ly, HtmlEscape(s.name));
     }
   }
   o += "</svg>\n";
