@@ -1,0 +1,19 @@
+// Error plumbing for the CUDA kernels: kernels return cudaError_t (flashinfer style) and never
+// throw or abort; DH_CUDA_TRY returns the first failing call's error from a cudaError_t function.
+// The Status layer (server/cuda_backend.cc) turns these into absl::Status with file:line.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#define DH_CUDA_TRY(expr)                    \
+  do {                                       \
+    const cudaError_t dh_err_ = (expr);      \
+    if (dh_err_ != cudaSuccess) return dh_err_; \
+  } while (0)
+
+namespace drafthead::cuda {
+
+// The launch's own error (bad configuration) without clearing a sticky one.
+inline cudaError_t LaunchStatus() { return cudaPeekAtLastError() == cudaSuccess ? cudaSuccess : cudaGetLastError(); }
+
+}  // namespace drafthead::cuda

@@ -1,0 +1,433 @@
+#include "kernels/cuda/head_gemv.cuh"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/numeric.h"
+
+namespace drafthead::cuda {
+namespace {
+
+// A warp owns RT 16-row mma tiles (RT = 1: 16 rows, RT = 2: one 32-row exponent block) at a time;
+// CTAs have WarpsFor(RT) warps. Small M uses RT = 1 so that ~15 warps per SM share the shard
+// (latency hiding); large M uses RT = 2 so each x fragment read from shared memory feeds two
+// tiles (shared-memory bandwidth).
+constexpr int WarpsFor(int rt) { return rt == 1 ? 16 : 8; }
+constexpr int kSmemBudget = 200 * 1024;     // x buffers (H200: 227 KB per block at most)
+
+// ---- PTX helpers ---------------------------------------------------------------------------
+// Streaming 16-byte load: the weights are read once, so keep them out of L1; the L2::256B hint
+// makes L2 fetch the whole 256-byte span of the row (the next steps' loads), so DRAM sees long
+// contiguous bursts although one warp instruction touches 8 rows x 64 bytes.
+__device__ __forceinline__ uint4 LdgStream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* g, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(g), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Dequantization of 4 e4m3 codes (one 32-bit word) into two bf16x2 registers equal to
+// code value * 2^e, exactly. Two routes (template parameter CONV):
+//  kConvPrmt (default): byte permute with sign replication puts each code's sign at bit 15 and
+//   its exponent/mantissa at bits 4..10 of a bf16: that bf16 is value * 2^-120 (e4m3 subnormals
+//   become bf16 subnormals), then one bf16 multiply by 2^(e+120) (needs e <= 7). 4 ops a pair.
+//  kConvF16: the hardware e4m3x2 -> f16x2 convert (exact, all normal), the f16 bits moved down to
+//   bf16 (value * 2^-112), times 2^(e+112). 5 ops a pair; kept as the cross-check.
+constexpr int kConvPrmt = 0, kConvF16 = 1;
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t Hmul2Bf16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+template <int CONV>
+__device__ __forceinline__ void DequantWord(uint32_t w, uint32_t scale2, uint32_t& lo,
+                                            uint32_t& hi) {
+  if constexpr (CONV == kConvPrmt) {
+    // [sign(c1) c1 sign(c0) c0] and [sign(c3) c3 sign(c2) c2]
+    const uint32_t p01 = Prmt(w, 0x9180u), p23 = Prmt(w, 0xB3A2u);
+    lo = Hmul2Bf16((p01 << 4) & 0x87f087f0u, scale2);
+    hi = Hmul2Bf16((p23 << 4) & 0x87f087f0u, scale2);
+  } else {
+    uint32_t h0, h1;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(w));
+    lo = Hmul2Bf16(((h0 & 0x7fff7fffu) >> 3) | (h0 & 0x80008000u), scale2);
+    hi = Hmul2Bf16(((h1 & 0x7fff7fffu) >> 3) | (h1 & 0x80008000u), scale2);
+  }
+}
+
+// bf16x2 of 2^(e + bias) for the biased block exponent byte (e = byte - 127).
+template <int CONV>
+__device__ __forceinline__ uint32_t ScalePair(uint32_t exp_byte) {
+  const uint32_t f = (exp_byte + (CONV == kConvPrmt ? 120u : 112u)) << 7;
+  return f | (f << 16);
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- the tensor-core kernel ----------------------------------------------------------------
+// Work unit: one warp x RT 16-row mma tiles (16 or 32 rows, inside one exponent block) x all of
+// K, in steps of 64 columns. Lane (g = lane/4, t = lane%4) loads 16 bytes of rows g, g+8
+// (, g+16, g+24) at column 64s + 16t. The dot product does not care which physical column feeds which mma k-slot as long
+// as A (weights) and B (x) agree, so slot pairs {2t,2t+1} / {2t+8,2t+9} of k16 substep j are
+// physical columns 16t + 4j + {0,1} / {2,3}: every lane's weights and x are contiguous, one
+// 16-byte load each, and the lane's 16 columns share one block exponent.
+// x lives in shared memory: all of it when it fits (loaded once per CTA), else in double-buffered
+// column chunks that the CTA's warps walk in lock step. The weight loads run D steps ahead in
+// registers (D * 4 * 16 bytes in flight per lane) across chunk boundaries.
+struct GemvArgs {
+  const uint16_t* x;
+  const uint8_t* codes;
+  const uint8_t* exps;
+  float* y;
+  int64_t k, n, ldy;
+  int m;
+  int steps;        // 64-column steps, a multiple of D (columns past k are zeros)
+  int chunk_steps;  // steps per x chunk (== steps when x fits whole), a multiple of D
+  int row_bytes;    // shared-memory stride of one x row: 16 mod 128 keeps B loads conflict-free
+};
+
+template <int MT, int NT>
+__device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int step0, int nsteps) {
+  const int cols16 = nsteps * 8;  // 16-byte pieces per row (8 bf16 each)
+  const int total = MT * 8 * cols16;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+  for (int i = threadIdx.x; i < total; i += NT) {
+    const int row = i / cols16, c = i - row * cols16;
+    const int64_t col = static_cast<int64_t>(step0) * 64 + c * 8;
+    const bool ok = row < a.m && col < a.k;
+    const uint16_t* src = ok ? a.x + row * a.k + col : a.x;
+    CpAsync16(base + row * a.row_bytes + c * 16, src, ok ? 16u : 0u);
+  }
+  CpAsyncCommit();
+}
+
+template <int MT, int D, int CONV, int RT>
+__global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+  constexpr int kWarps = WarpsFor(RT), kThreads = kWarps * 32, kRows = 16 * RT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const bool single = a.chunk_steps >= a.steps;
+  const int64_t nblk = (a.n + kRows - 1) / kRows;  // work units of kRows rows
+  const int64_t kblocks = a.k / 32;
+  const int buf_bytes = MT * 8 * a.row_bytes;  // buffer b starts at smem + b * buf_bytes
+
+  // Whole-x mode: x is issued first but waited for only after the first weight loads are in
+  // flight (they do not depend on it).
+  if (single) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+  bool x_ready = !single;
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < nblk;
+       base += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t blk = base + warp;
+    const bool active = blk < nblk;
+    if (single && !active && x_ready) break;  // no barriers below in this mode
+    const int64_t r0 = blk * kRows;
+    // Loads are never predicated (that costs selects and moves in the hot loop): rows past n read
+    // row n-1 (their outputs are not stored) and columns past k read the last 16 columns (x is
+    // zero there). Codes are always finite (the twin never makes the NaN code), so the garbage
+    // weights contribute exactly 0.
+    const uint8_t* rowp[2 * RT];
+#pragma unroll
+    for (int i = 0; i < 2 * RT; ++i) {
+      const int64_t r = min(r0 + g + 8 * i, a.n - 1);
+      rowp[i] = a.codes + r * a.k;
+    }
+    const uint8_t* ep = a.exps + (min(blk, nblk - 1) * kRows / 32) * kblocks;
+    const int64_t last_col = a.k - 16;
+    const int64_t last_kb = kblocks - 1;
+
+    uint4 wq[D][2 * RT];
+    uint32_t eq[D];
+    auto load = [&](int s, int slot) {
+      if (!active || s >= a.steps) return;  // warp-uniform
+      const int64_t col = min(static_cast<int64_t>(s) * 64 + 16 * t, last_col);
+#pragma unroll
+      for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream(rowp[i] + col);
+      eq[slot] = __ldg(ep + min(static_cast<int64_t>(2 * s + (t >> 1)), last_kb));
+    };
+#pragma unroll
+    for (int d = 0; d < D; ++d) load(d, d);
+    if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
+      CpAsyncWait<0>();
+      __syncthreads();
+      x_ready = true;
+    }
+    if (single && !active) break;
+
+    float acc[RT][MT][4];
+#pragma unroll
+    for (int T = 0; T < RT; ++T)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[T][j][c] = 0.f;
+
+    const int nchunks = single ? 1 : (a.steps + a.chunk_steps - 1) / a.chunk_steps;
+    if (!single) {
+      __syncthreads();  // the previous round's readers are done with buffer 0
+      LoadXChunk<MT, kThreads>(a, smem, 0, min(a.chunk_steps, a.steps));
+    }
+    int chunk_step0 = 0;
+    const uint8_t* xs = smem;
+    for (int s0 = 0; s0 < a.steps; s0 += D) {
+      if (!single && s0 % a.chunk_steps == 0) {
+        const int q = s0 / a.chunk_steps;
+        __syncthreads();  // everyone is done with the buffer chunk q+1 goes to
+        if (q + 1 < nchunks) {
+          const int next0 = (q + 1) * a.chunk_steps;
+          LoadXChunk<MT, kThreads>(a, smem + ((q + 1) & 1) * buf_bytes, next0, min(a.chunk_steps, a.steps - next0));
+          CpAsyncWait<1>();
+        } else {
+          CpAsyncWait<0>();
+        }
+        __syncthreads();  // chunk q is visible to every warp
+        chunk_step0 = s0;
+        xs = smem + (q & 1) * buf_bytes;
+      }
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        const int s = s0 + d;
+        if (active) {
+          const uint32_t scale2 = ScalePair<CONV>(eq[d]);
+          // A fragments: af[i][2j] = codes 4j,4j+1 of row i; af[i][2j+1] = codes 4j+2,4j+3.
+          uint32_t af[2 * RT][8];
+#pragma unroll
+          for (int i = 0; i < 2 * RT; ++i) {
+            DequantWord<CONV>(wq[d][i].x, scale2, af[i][0], af[i][1]);
+            DequantWord<CONV>(wq[d][i].y, scale2, af[i][2], af[i][3]);
+            DequantWord<CONV>(wq[d][i].z, scale2, af[i][4], af[i][5]);
+            DequantWord<CONV>(wq[d][i].w, scale2, af[i][6], af[i][7]);
+          }
+          // The slot is free once converted: refill it D steps ahead before the mma work.
+          load(s + D, d);
+          const uint8_t* xrow = xs + (s - chunk_step0) * 128 + 32 * t;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint8_t* p = xrow + (mt * 8 + g) * a.row_bytes;
+            const uint4 b01 = *reinterpret_cast<const uint4*>(p);
+            const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
+            const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+              for (int T = 0; T < RT; ++T)
+                Mma(acc[T][mt], af[2 * T][2 * j], af[2 * T + 1][2 * j], af[2 * T][2 * j + 1],
+                    af[2 * T + 1][2 * j + 1], b[2 * j], b[2 * j + 1]);
+            }
+          }
+        }
+      }
+    }
+    if (!active) continue;
+    // C fragment: c0,c1 = (row g, cols 2t, 2t+1), c2,c3 = (row g+8, ...): rows are vocab
+    // entries n, cols are batch rows m.
+#pragma unroll
+    for (int T = 0; T < RT; ++T) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t nn = r0 + 16 * T + g + ((c & 2) ? 8 : 0);
+          const int mm = mt * 8 + 2 * t + (c & 1);
+          if (mm < a.m && nn < a.n) a.y[mm * a.ldy + nn] = acc[T][mt][c];
+        }
+      }
+    }
+  }
+}
+
+// ---- exact CUDA-core fallback (any exponent) ------------------------------------------------
+// One warp per weight row; lanes stride over 4-column groups; fp32 dequant and fmaf accumulation.
+__device__ __forceinline__ float Pow2(int p) {
+  return p >= -126 ? __uint_as_float(static_cast<uint32_t>(p + 127) << 23)
+                   : (p >= -149 ? __uint_as_float(1u << (p + 149)) : 0.f);
+}
+
+__global__ void __launch_bounds__(256) GemvFp8Fallback(const uint16_t* __restrict__ x, int m,
+                                                       int64_t k, const uint8_t* __restrict__ codes,
+                                                       const uint8_t* __restrict__ exps, int64_t n,
+                                                       float* __restrict__ y, int64_t ldy) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;
+  float acc[kGemvMaxRowsPerPass];
+#pragma unroll
+  for (int i = 0; i < kGemvMaxRowsPerPass; ++i) acc[i] = 0.f;
+  const uint8_t* wr = codes + row * k;
+  const uint8_t* er = exps + (row / 32) * (k / 32);
+  for (int64_t c = lane * 4; c < k; c += 128) {
+    const float sc = Pow2(static_cast<int>(er[c / 32]) - 127);
+    float wv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wv[j] = E4m3ToFloat(wr[c + j]) * sc;
+#pragma unroll
+    for (int i = 0; i < kGemvMaxRowsPerPass; ++i) {
+      if (i < m) {
+        const uint16_t* xr = x + i * k + c;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i] = __fmaf_rn(Bf16ToFloat(xr[j]), wv[j], acc[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvMaxRowsPerPass; ++i) {
+    if (i < m) {
+      float v = acc[i];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) y[i * ldy + row] = v;
+    }
+  }
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2)>
+cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                       const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                       cudaStream_t stream) {
+  // Cheap runtime calls; done per launch so a process may use several devices.
+  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
+  int dev = 0, sms = 0;
+  DH_CUDA_TRY(cudaGetDevice(&dev));
+  DH_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0};
+  const int raw_steps = static_cast<int>((k + 63) / 64);
+  a.steps = (raw_steps + D - 1) / D * D;
+  const int rows = MT * 8;
+  auto bytes_for = [&](int chunk_steps, int bufs) {
+    return static_cast<size_t>(bufs) * rows * (chunk_steps * 128 + 16);
+  };
+  if (bytes_for(a.steps, 1) <= static_cast<size_t>(kSmemBudget)) {
+    a.chunk_steps = a.steps;
+  } else {
+    const int per_row = kSmemBudget / (2 * rows) - 16;
+    a.chunk_steps = per_row / 128 / D * D;
+    if (a.chunk_steps < D) return cudaErrorInvalidValue;
+  }
+  a.row_bytes = a.chunk_steps * 128 + 16;
+  const size_t smem = bytes_for(a.chunk_steps, a.chunk_steps >= a.steps ? 1 : 2);
+  constexpr int kWarps = WarpsFor(RT);
+  const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
+  const int64_t ctas = (nblk + kWarps - 1) / kWarps;
+  const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
+  GemvFp8Kernel<MT, D, CONV, RT><<<grid, kWarps * 32, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// depth 0: the default, 4 register stages of 64 columns for every bucket (measured best or within
+// noise of 8 and 3 in run 5, docs/cuda.md; no spills at 4 up to 64 rows).
+template <int D, int CONV = kConvPrmt>
+cudaError_t DispatchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                         const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                         cudaStream_t stream) {
+  constexpr int D8 = D == 0 ? 4 : D;
+  constexpr int D4 = D == 0 ? 4 : D;
+  constexpr int D3 = D == 0 ? 4 : D;
+  switch ((m + 7) / 8) {
+    case 1: return LaunchFast<1, D8, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D8, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, D4, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, D4, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, D4, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, D3, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, D3, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, D3, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+cudaError_t Validate(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                     const uint8_t* exps, int64_t n, float* y, int64_t ldy) {
+  if (m < 1 || n < 1 || k < 32 || k % 32 != 0 || ldy < n) return cudaErrorInvalidValue;
+  if (!x || !codes || !exps || !y || !Aligned16(x) || !Aligned16(codes)) return cudaErrorInvalidValue;
+  if (n > (int64_t{1} << 40)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// Runs `pass` over chunks of at most 64 rows.
+template <typename F>
+cudaError_t ByPasses(const uint16_t* x, int m, int64_t k, float* y, int64_t ldy, F&& pass) {
+  for (int r = 0; r < m; r += kGemvMaxRowsPerPass) {
+    const int mm = std::min(kGemvMaxRowsPerPass, m - r);
+    DH_CUDA_TRY(pass(x + static_cast<int64_t>(r) * k, mm, y + static_cast<int64_t>(r) * ldy));
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (exps_host[i] > 134) return false;  // e <= 7: 2^(e+120) must be a finite bf16
+  return true;
+}
+
+cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                        const uint8_t* exps, int64_t n, float* y, int64_t ldy, bool fast_path,
+                        cudaStream_t stream) {
+  DH_CUDA_TRY(Validate(x, m, k, codes, exps, n, y, ldy));
+  return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) -> cudaError_t {
+    if (!fast_path) {
+      const int64_t blocks = (n + 7) / 8;
+      if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+      GemvFp8Fallback<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(xp, mm, k, codes, exps,
+                                                                          n, yp, ldy);
+      return cudaGetLastError();
+    }
+    return DispatchFast<0>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+  });
+}
+
+cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                               const uint8_t* exps, int64_t n, float* y, int64_t ldy, int depth,
+                               cudaStream_t stream) {
+  DH_CUDA_TRY(Validate(x, m, k, codes, exps, n, y, ldy));
+  return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) -> cudaError_t {
+    switch (depth) {
+      case 0: return DispatchFast<0>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 4: return DispatchFast<4>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 2: return DispatchFast<2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 8:
+        if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
+        return DispatchFast<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 100: return DispatchFast<0, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case -1: {  // the exact fallback
+        const int64_t blocks = (n + 7) / 8;
+        GemvFp8Fallback<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(xp, mm, k, codes,
+                                                                            exps, n, yp, ldy);
+        return cudaGetLastError();
+      }
+      default: return cudaErrorInvalidValue;
+    }
+  });
+}
+
+}  // namespace drafthead::cuda

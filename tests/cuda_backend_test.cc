@@ -1,0 +1,297 @@
+// The CUDA backend end to end (Load -> Run -> payload) against the CPU reductions and float64
+// references, and the NCCL collective on one GPU. Skips (GTEST_SKIP) where no GPU is present.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/shard_reduce.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/twin.h"
+#include "kernels/numeric.h"
+#include "server/backend.h"
+#include "server/batch.h"
+#include "server/nccl_collective.h"
+#include "server/rendezvous.h"
+
+namespace drafthead {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define DH_SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                             \
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine (cudaGetDeviceCount failed or 0)"; \
+  } while (0)
+
+float Gauss(uint64_t seed, uint64_t i) {
+  const uint64_t h1 = Mix64(seed * 0x9e3779b97f4a7c15ull + i), h2 = Mix64(h1 ^ 0x1234567ull);
+  const float u = static_cast<float>(h1 & 0xffffff) + static_cast<float>(h1 >> 40) +
+                  static_cast<float>(h2 & 0xffffff) + static_cast<float>(h2 >> 40);
+  return (u * 5.9604644775390625e-8f - 2.0f) * 1.7320508f;
+}
+
+// Rank 3 of tp=4 over a 129280-row head cropped to 129000: a shard with 32040 valid columns.
+ShardWeights MakeShard(bool with_twin) {
+  ShardWeights w;
+  w.geo = ShardGeometry::Make(4, 3, 5120, 129280, 129000);
+  const int64_t S = w.geo.shard_rows, K = w.geo.hidden;
+  w.bf16.resize(static_cast<size_t>(S) * K);
+  std::vector<std::thread> ts;
+  const int nt = std::max(1u, std::thread::hardware_concurrency());
+  for (int t = 0; t < nt; ++t)
+    ts.emplace_back([&, t] {
+      for (int64_t r = t; r < S; r += nt)
+        for (int64_t c = 0; c < K; ++c)
+          w.bf16[r * K + c] = FloatToBf16(0.02f * Gauss(5, static_cast<uint64_t>(r) * K + c));
+    });
+  for (auto& t : ts) t.join();
+  if (with_twin) {
+    cpu::ThreadPool pool(0);
+    w.codes.resize(w.bf16.size());
+    w.exps.resize(cpu::TwinExpRows(S) * (K / 32));
+    cpu::MakeTwin(w.bf16.data(), S, K, w.codes.data(), w.exps.data(), pool);
+  }
+  return w;
+}
+
+RowTask Task(RowMode mode, RowHead head, uint32_t k = 1, OutDType dt = OutDType::kFp32,
+             float temp = 1.f, uint64_t seed = 0, uint32_t rir = 0) {
+  RowTask t{};
+  t.mode = mode;
+  t.head = head;
+  t.dtype = dt;
+  t.want_probs = mode == RowMode::kTopK;
+  t.k = mode == RowMode::kFullLogits ? 0 : k;
+  t.temperature = temp;
+  t.row_in_request = rir;
+  t.seed = seed;
+  return t;
+}
+
+double Dot64(const uint16_t* x, const ShardWeights& w, int64_t n, bool twin, double* abs) {
+  const int64_t K = w.geo.hidden;
+  double s = 0, a = 0;
+  for (int64_t c = 0; c < K; ++c) {
+    double wv;
+    if (twin) {
+      const int e = static_cast<int>(w.exps[(n / 32) * (K / 32) + c / 32]) - 127;
+      wv = std::ldexp(static_cast<double>(E4m3ToFloat(w.codes[n * K + c])), e);
+    } else {
+      wv = Bf16ToFloat(w.bf16[n * K + c]);
+    }
+    const double p = Bf16ToFloat(x[c]) * wv;
+    s += p;
+    a += std::fabs(p);
+  }
+  *abs = a;
+  return s;
+}
+
+TEST(CudaBackend, PayloadMatchesCpuReductionsAndReferences) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);  // the CPU twin, for the references
+  ShardWeights w = host;
+  w.codes.clear();
+  w.exps.clear();  // the backend builds the twin on the GPU
+  BackendOptions opt;
+  opt.device = 0;
+  opt.keep_bf16 = true;
+  auto be = MakeCudaBackend(opt, 0);
+  ASSERT_TRUE(be.ok()) << be.status();
+  auto rep = (*be)->Load(std::move(w));
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_GT(rep->twin_seconds, 0);
+  EXPECT_TRUE((*be)->has_bf16());
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  const int64_t valid = host.geo.valid_cols();
+  const int32_t base = static_cast<int32_t>(host.geo.row_begin());
+
+  BatchControl ctl{};
+  ctl.op = BatchOp::kRun;
+  std::vector<RowTask> tasks = {
+      Task(RowMode::kFullLogits, RowHead::kFp8Twin),
+      Task(RowMode::kFullLogits, RowHead::kFp8Twin, 0, OutDType::kBf16),
+      Task(RowMode::kTopK, RowHead::kFp8Twin, 8, OutDType::kFp32, 0.7f),
+      Task(RowMode::kArgmax, RowHead::kFp8Twin),
+      Task(RowMode::kSample, RowHead::kFp8Twin, 1, OutDType::kFp32, 0.9f, 77, 3),
+      Task(RowMode::kFullLogits, RowHead::kBf16Exact),
+      Task(RowMode::kTopK, RowHead::kBf16Exact, 1024),
+      Task(RowMode::kTopK, RowHead::kFp8Twin, 1000),
+  };
+  const int rows = static_cast<int>(tasks.size());
+  ctl.rows = rows;
+  for (int i = 0; i < rows; ++i) ctl.tasks[i] = tasks[i];
+  // Every row carries the same hidden state, so row 0 (fp8) and row 5 (bf16) give the logits the
+  // reductions must be computed from.
+  std::vector<uint16_t> x(static_cast<size_t>(rows) * K);
+  for (int64_t c = 0; c < K; ++c) x[c] = FloatToBf16(Gauss(9, c));
+  for (int i = 1; i < rows; ++i) std::memcpy(&x[i * K], &x[0], K * 2);
+
+  auto out = (*be)->Run(ctl, x.data(), MemorySpace::kHost);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const PayloadLayout lay = MakePayloadLayout(ctl.tasks, rows, S);
+  std::vector<uint8_t> p(lay.bytes());
+  std::memcpy(p.data(), *out, p.size());
+
+  std::vector<float> y8(S), yb(S);
+  std::memcpy(y8.data(), p.data() + lay.row_offset[0], S * 4);
+  std::memcpy(yb.data(), p.data() + lay.row_offset[5], S * 4);
+  for (int64_t n = 0; n < S; n += 7) {
+    double ab;
+    const double r8 = Dot64(x.data(), host, n, true, &ab);
+    ASSERT_LE(std::fabs(y8[n] - r8), 4 * std::ldexp(1.0, -23) * std::sqrt(double(K)) * ab + 1e-30) << n;
+    const double rb = Dot64(x.data(), host, n, false, &ab);
+    ASSERT_LE(std::fabs(yb[n] - rb), 4 * std::ldexp(1.0, -23) * std::sqrt(double(K)) * ab + 1e-30) << n;
+  }
+  for (int64_t n = 0; n < S; ++n) {
+    uint16_t v;
+    std::memcpy(&v, p.data() + lay.row_offset[1] + 2 * n, 2);
+    ASSERT_EQ(v, FloatToBf16(y8[n])) << n;
+  }
+  auto expect_cands = [&](int row, const float* y) {
+    const RowTask& t = tasks[row];
+    std::vector<Candidate> want(t.k);
+    SoftmaxPartial wp{0.f, 0.f};
+    if (t.mode == RowMode::kTopK) cpu::ShardTopK(y, valid, base, t.k, t.temperature, want.data(), &wp);
+    if (t.mode == RowMode::kArgmax) cpu::ShardArgmax(y, valid, base, want.data());
+    if (t.mode == RowMode::kSample)
+      cpu::ShardSample(y, valid, base, t.temperature, t.seed, t.row_in_request, want.data());
+    SoftmaxPartial gp;
+    std::memcpy(&gp, p.data() + lay.row_offset[row], sizeof(gp));
+    EXPECT_EQ(gp.max_scaled, wp.max_scaled) << row;
+    EXPECT_NEAR(gp.sum_exp, wp.sum_exp, 1e-6 * std::fabs(wp.sum_exp)) << row;
+    for (uint32_t q = 0; q < t.k; ++q) {
+      Candidate g;
+      std::memcpy(&g, p.data() + lay.row_offset[row] + sizeof(SoftmaxPartial) + q * sizeof(Candidate),
+                  sizeof(g));
+      ASSERT_EQ(g.id, want[q].id) << "row " << row << " rank " << q;
+      ASSERT_EQ(g.key, want[q].key) << "row " << row << " rank " << q;
+      ASSERT_EQ(g.logit, want[q].logit) << "row " << row << " rank " << q;
+    }
+  };
+  for (int row : {2, 3, 4, 7}) expect_cands(row, y8.data());
+  expect_cands(6, yb.data());
+
+  // The payload in device memory is the same bytes.
+  auto dout = (*be)->Run(ctl, x.data(), MemorySpace::kDevice);
+  ASSERT_TRUE(dout.ok()) << dout.status();
+  std::vector<uint8_t> pd(lay.bytes());
+  ASSERT_TRUE((*be)->CopyToHost(pd.data(), *dout, pd.size(), MemorySpace::kDevice).ok());
+  EXPECT_EQ(pd, p);
+
+  // A backend given the CPU-built twin computes the same payload for the fp8 rows.
+  ShardWeights w2 = host;
+  BackendOptions opt2;
+  opt2.device = 0;
+  auto be2 = MakeCudaBackend(opt2, 0);
+  ASSERT_TRUE(be2.ok()) << be2.status();
+  auto rep2 = (*be2)->Load(std::move(w2));
+  ASSERT_TRUE(rep2.ok()) << rep2.status();
+  EXPECT_FALSE((*be2)->has_bf16());
+  BatchControl ctl8 = ctl;
+  ctl8.rows = 5;
+  auto out2 = (*be2)->Run(ctl8, x.data(), MemorySpace::kHost);
+  ASSERT_TRUE(out2.ok()) << out2.status();
+  const PayloadLayout lay8 = MakePayloadLayout(ctl8.tasks, 5, S);
+  EXPECT_EQ(std::memcmp(*out2, p.data(), lay8.bytes()), 0);
+
+  // Refusals: the bf16 head was not kept; k past the supported maximum.
+  auto bad = (*be2)->Run(ctl, x.data(), MemorySpace::kHost);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition) << bad.status();
+  BatchControl big = ctl8;
+  big.rows = 1;
+  big.tasks[0] = Task(RowMode::kTopK, RowHead::kFp8Twin, 2000);
+  auto bad2 = (*be2)->Run(big, x.data(), MemorySpace::kHost);
+  EXPECT_EQ(bad2.status().code(), absl::StatusCode::kInvalidArgument) << bad2.status();
+
+  // Scratch buffers in both spaces.
+  auto sd = (*be2)->ScratchBuffer(1 << 20, MemorySpace::kDevice);
+  auto sh = (*be2)->ScratchBuffer(1 << 20, MemorySpace::kHost);
+  EXPECT_TRUE(sd.ok() && sh.ok());
+}
+
+TEST(CudaBackend, ManyRowsInOneBatch) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  auto be = MakeCudaBackend(BackendOptions{0, 0, false}, 0);
+  ASSERT_TRUE(be.ok()) << be.status();
+  ShardWeights w = host;
+  ASSERT_TRUE((*be)->Load(std::move(w)).ok());
+  const int rows = 100;  // more than one 64-row GEMV pass
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  BatchControl ctl{};
+  ctl.op = BatchOp::kRun;
+  ctl.rows = rows;
+  std::vector<uint16_t> x(static_cast<size_t>(rows) * K);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(Gauss(4, i));
+  for (int i = 0; i < rows; ++i) ctl.tasks[i] = Task(RowMode::kFullLogits, RowHead::kFp8Twin);
+  auto out = (*be)->Run(ctl, x.data(), MemorySpace::kHost);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const float* y = static_cast<const float*>(*out);
+  for (int r : {0, 63, 64, 99}) {
+    for (int64_t n : {int64_t{0}, int64_t{12345}, S - 1}) {
+      double ab;
+      const double ref = Dot64(&x[r * K], host, n, true, &ab);
+      EXPECT_LE(std::fabs(y[r * S + n] - ref), 4 * std::ldexp(1.0, -23) * std::sqrt(double(K)) * ab)
+          << r << " " << n;
+    }
+  }
+}
+
+TEST(CudaBackend, RefusesAMissingDevice) {
+  DH_SKIP_WITHOUT_GPU();
+  BackendOptions opt;
+  opt.device = 999;
+  auto be = MakeCudaBackend(opt, 0);
+  EXPECT_EQ(be.status().code(), absl::StatusCode::kFailedPrecondition) << be.status();
+}
+
+TEST(NcclCollective, OneRankBroadcastAndGather) {
+  DH_SKIP_WITHOUT_GPU();
+  auto kv = KvServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto cl = KvClient::Connect("127.0.0.1:" + std::to_string((*kv)->port()), std::chrono::seconds(5));
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto c = MakeNcclCollective(0, 1, 0, **cl, std::chrono::seconds(60));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->name(), "nccl");
+  EXPECT_TRUE((*c)->AcceptsDeviceMemory());
+  std::vector<uint8_t> a(1 << 20), b(1 << 20);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 31);
+  ASSERT_TRUE((*c)->Broadcast(a.data(), a.size(), MemorySpace::kHost, std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*c)->Gather(a.data(), a.size(), b.data(), MemorySpace::kHost, std::chrono::seconds(10)).ok());
+  EXPECT_EQ(a, b);
+  void *da, *db;
+  ASSERT_EQ(cudaMalloc(&da, a.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, a.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_TRUE((*c)->Broadcast(da, a.size(), MemorySpace::kDevice, std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*c)->Gather(da, a.size(), db, MemorySpace::kDevice, std::chrono::seconds(10)).ok());
+  std::vector<uint8_t> back(a.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), db, a.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, a);
+  cudaFree(da);
+  cudaFree(db);
+}
+
+TEST(NcclCollective, AMissingPeerTimesOutInsteadOfHanging) {
+  DH_SKIP_WITHOUT_GPU();
+  auto kv = KvServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto cl = KvClient::Connect("127.0.0.1:" + std::to_string((*kv)->port()), std::chrono::seconds(5));
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = MakeNcclCollective(1, 2, 0, **cl, std::chrono::milliseconds(500));  // rank 0 never comes
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+}  // namespace
+}  // namespace drafthead
