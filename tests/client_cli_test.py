@@ -7,6 +7,7 @@ import csv
 import html.parser
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,6 +209,46 @@ class CliTest(unittest.TestCase):
         self.assertGreater(r["ok"], 200)
         self.assertLess(r["ok"], 400)
         self.assertEqual(j["config"]["hidden"], f"{hid}:h")
+
+    def test_tls_and_mtls(self):
+        if not shutil.which("openssl"):
+            self.skipTest("openssl not installed")
+        d = tempfile.mkdtemp(prefix="dh-tls-", dir=self.dir)
+        f = lambda n: os.path.join(d, n)  # noqa: E731
+
+        def ossl(*a):
+            subprocess.run(["openssl"] + list(a), check=True, capture_output=True, timeout=60)
+
+        ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f("ca.key"), "-out", f("ca.pem"), "-days", "2",
+             "-subj", "/CN=drafthead test CA")
+        for name, ext in (("srv", "subjectAltName=DNS:drafthead.test\nextendedKeyUsage=serverAuth"),
+                          ("cli", "extendedKeyUsage=clientAuth")):
+            with open(f(name + ".ext"), "w") as e:
+                e.write(ext + "\n")
+            ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f(name + ".key"), "-out", f(name + ".csr"),
+                 "-subj", f"/CN={name}")
+            ossl("x509", "-req", "-in", f(name + ".csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"), "-CAcreateserial",
+                 "-out", f(name + ".pem"), "-days", "2", "-extfile", f(name + ".ext"))
+        tls = [f"--tls-ca={f('ca.pem')}", "--tls-server-name=drafthead.test"]
+        mtls = tls + [f"--tls-cert={f('cli.pem')}", f"--tls-key={f('cli.key')}"]
+        with Child([f"--hidden-size={K}", f"--tls-cert={f('srv.pem')}", f"--tls-key={f('srv.key')}"]) as s:
+            t = f"--target={s.target}"
+            self.assertIn(f"hidden_size  {K}", run(["info", t] + tls).stdout)
+            self.assertEqual(run(["info", t, "--timeout=3s"], check=False).returncode, 1)  # plaintext to a TLS port
+            js = self.path("tls.json")
+            run(["load", t, "-n", "50", "-c", "2", "--quiet", f"--json={js}"] + tls)
+            with open(js) as fh:
+                self.assertEqual(json.load(fh)["runs"][0]["ok"], 50)
+        with Child([f"--hidden-size={K}", f"--tls-cert={f('srv.pem')}", f"--tls-key={f('srv.key')}",
+                    f"--tls-client-ca={f('ca.pem')}"]) as s:
+            t = f"--target={s.target}"
+            self.assertEqual(run(["info", t, "--timeout=3s"] + tls, check=False).returncode, 1)  # no client cert
+            run(["info", t] + mtls)
+            import drafthead_client as dc
+            h = dc.RemoteDraftHead(s.target, root_ca=f("ca.pem"), cert=f("cli.pem"), key=f("cli.key"),
+                                   server_name="drafthead.test")
+            self.assertEqual(h.info()["hidden_size"], K)
+            h.close()
 
     def test_load_refuses_a_bad_request_before_running(self):
         p = run(["load", self.t, "-n", "10", "--rows=100"], check=False)  # max_rows is 8
