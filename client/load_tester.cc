@@ -168,6 +168,7 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool Enqueue(int64_t scheduled_ns, uint64_t seq);
   // No more messages: half-close once the queue has drained.
   void Close();
+  void Cancel() { ctx_.TryCancel(); }
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& s) override;
@@ -311,6 +312,7 @@ class Run {
   void OpenLoop();
   void WaitForQuiet();
   void Report(int64_t now);
+  void StallGuard(int64_t now);
   LoadResult Merge();
 
   const LoadOptions& o_;
@@ -334,6 +336,9 @@ class Run {
   std::atomic<UnaryCall*> free_{nullptr};
   LogLinearHistogram send_lag_{7};
   int64_t last_report_ = 0;
+  uint64_t stall_seen_ = 0;     // completions at the last progress, for StallGuard
+  int64_t stall_since_ = 0;
+  bool streams_cancelled_ = false;
 };
 
 void UnaryCall::Start(int64_t scheduled_ns, uint64_t seq) {
@@ -549,12 +554,31 @@ void Run::OpenLoop() {
   for (auto& s : streams_) s->Close();
 }
 
+// Unary calls end by their deadline; a stream has none when the run is bounded by count only, so a
+// server that stops answering would hang the run: after --timeout without a single answer while
+// messages are in flight, the streams are cancelled (their messages count as CANCELLED).
+void Run::StallGuard(int64_t now) {
+  if (streams_.empty() || streams_cancelled_) return;
+  const uint64_t c = completed_.load(std::memory_order_relaxed);
+  if (c != stall_seen_ || inflight_.load(std::memory_order_relaxed) == 0) {
+    stall_seen_ = c;
+    stall_since_ = now;
+    return;
+  }
+  if (now - stall_since_ > absl::ToInt64Nanoseconds(o_.timeout)) {
+    streams_cancelled_ = true;
+    stop_.store(true);
+    for (auto& st : streams_) st->Cancel();
+  }
+}
+
 void Run::WaitForQuiet() {
   for (;;) {
     const bool calls_done = inflight_.load(std::memory_order_acquire) == 0;
     const bool streams_done = streams_done_.load(std::memory_order_acquire) == static_cast<int>(streams_.size());
     if (calls_done && streams_done) return;
     Report(NowNs());
+    StallGuard(NowNs());
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
@@ -623,6 +647,7 @@ absl::StatusOr<LoadResult> Run::Execute() {
       const int64_t now = NowNs();
       if (now >= end_ns_) stop_.store(true);
       Report(now);
+      StallGuard(now);
       if (inflight_.load() == 0) break;  // every slot retired (count reached)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

@@ -210,6 +210,32 @@ TEST(LoadTester, OpenLoopKeepsTheScheduleAgainstASlowServer) {
   EXPECT_LT(c->latency.Percentile(0.5), 50e6);
 }
 
+// A server that stops answering cannot hang a run: unary calls end at their deadline, streams
+// (which have no deadline in a count-bounded run) are cancelled after --timeout without answers.
+TEST(LoadTester, AStalledServerEndsTheRun) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--delay-us=60000000", "--workers=1"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o;
+  o.target = server.target();
+  o.duration = absl::InfiniteDuration();
+  o.requests = 6;
+  o.concurrency = 3;
+  o.timeout = absl::Milliseconds(800);
+  const absl::Time t0 = absl::Now();
+  auto u = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->ok, 0u);
+  EXPECT_EQ(u->errors_by_code[4], 6u);  // DEADLINE_EXCEEDED
+  o.stream = true;
+  o.streams = 2;
+  auto s = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ok, 0u);
+  EXPECT_EQ(s->errors, 3u);  // the three in flight, cancelled
+  EXPECT_EQ(s->errors_by_code[1], 3u);  // CANCELLED
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+}
+
 TEST(LoadReport, JsonSchemaAndHtml) {
   FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--fail-first=3"});
   ASSERT_NE(server.port(), 0);
