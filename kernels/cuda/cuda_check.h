@@ -10,10 +10,3 @@
     const cudaError_t dh_err_ = (expr);      \
     if (dh_err_ != cudaSuccess) return dh_err_; \
   } while (0)
-
-namespace drafthead::cuda {
-
-// The launch's own error (bad configuration) without clearing a sticky one.
-inline cudaError_t LaunchStatus() { return cudaPeekAtLastError() == cudaSuccess ? cudaSuccess : cudaGetLastError(); }
-
-}  // namespace drafthead::cuda

@@ -9,9 +9,9 @@
 // sort of the k winners; k <= kMaxTopK. A row of up to 40960 columns is staged in shared memory
 // by one CTA; longer rows (the full vocabulary on one rank) are cut into up to 16 segments, each
 // selected by its own CTA into `scratch`, then merged (so at most 655360 columns).
-// All pointers are device memory; asynchronous on `stream`. Rows with an unknown mode or an
-// unsupported k are refused (cudaErrorInvalidValue) before anything is launched only if the
-// caller validates with ValidateReduceRows on the host copy; the kernels themselves skip them.
+// All pointers are device memory; asynchronous on `stream`. Callers validate the row
+// descriptors on the host with ValidateReduceRows (unknown mode, k outside 1..kMaxTopK, T <= 0
+// -> cudaErrorInvalidValue) before uploading them; the kernels skip rows they cannot serve.
 #pragma once
 
 #include <cstdint>
