@@ -608,6 +608,7 @@ absl::StatusOr<LoadResult> Run::Execute() {
   }
   t0_ = NowNs();
   last_report_ = t0_;
+  stall_since_ = t0_;
   warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
   if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
   if (end_ns_ != INT64_MAX) {
