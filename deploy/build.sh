@@ -58,10 +58,18 @@ case "$cmd" in
       printf '%s\n' "${pkgs[@]}"
       exit 0
     fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
-    rm -rf /var/lib/apt/lists/*
+    # Only what is missing: the nvidia/cuda images hold (apt-mark hold) their NCCL and CUDA
+    # packages, and naming a held package whose candidate is newer makes apt-get fail.
+    missing=()
+    for p in "${pkgs[@]}"; do
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends "${missing[@]}"
+      rm -rf /var/lib/apt/lists/*
+    fi
     ;;
   build)
     src="" build="" stage="" cuda=OFF archs=90a jobs=$(nproc) prebuilt="" smoke=1

@@ -39,6 +39,9 @@ if [ -s "$pk" ]; then
 else
   fail "no runtime-packages.txt"
 fi
+# install-runtime.sh, dry run: on this machine (which built the programs) nothing is missing.
+out=$(printf 'libc6\nno-such-package-xyz\n' >"$work/pk2"; DRAFTHEAD_INSTALL_DRY_RUN=1 bash "$src/deploy/install-runtime.sh" "$work/pk2" "$work/stage/bin" 2>&1)
+[ "$out" = "would install: no-such-package-xyz" ] && pass "install-runtime.sh installs only the missing packages" || fail "install-runtime dry run: $out"
 # The image's build dependencies use the project's package names (scripts/setup-deps.sh).
 project=$(sed -n '/^pkgs=(/,/)/p' "$src/scripts/setup-deps.sh" | tr -d '()' | sed 's/pkgs=//' | tr -s ' \n' '\n')
 missing=$(bash "$src/deploy/build-cpu.sh" deps --print | while read -r p; do grep -qx -- "$p" <<<"$project" || echo "$p"; done)

@@ -142,6 +142,34 @@ if promtool:
 else:
     print("SKIP: promtool not installed (Debian package prometheus)")
 
+# ---- systemd (bare metal) ----------------------------------------------------------------------------
+unit = {}
+for line in open(os.path.join(DEPLOY, "systemd", "drafthead.service")):
+    line = line.strip()
+    if line and not line.startswith(("#", "[")) and "=" in line:
+        k, _, v = line.partition("=")
+        unit[k] = v
+senv = {}
+for line in open(os.path.join(DEPLOY, "systemd", "drafthead.env")):
+    line = line.strip()
+    if line and not line.startswith("#"):
+        k, _, v = line.partition("=")
+        senv[k] = v
+check(unit.get("KillSignal") == "SIGTERM" and unit.get("KillMode") == "mixed", "systemd: SIGTERM to the server, SIGKILL to all at the deadline")
+check(duration_s(unit["TimeoutStopSec"]) > drain_s(senv), f"systemd: TimeoutStopSec {unit['TimeoutStopSec']} > drain {drain_s(senv)}s")
+check(int(senv["DRAFTHEAD_TERMINATION_GRACE_SECONDS"]) == duration_s(unit["TimeoutStopSec"]), "systemd: DRAFTHEAD_TERMINATION_GRACE_SECONDS = TimeoutStopSec")
+check(unit.get("Restart") == "on-failure" and unit.get("RestartPreventExitStatus") == "64", "systemd: restart on failure, not on a configuration error (64)")
+check(unit.get("LimitMEMLOCK") == "infinity", "systemd: memlock unlimited for NCCL")
+check(duration_s(unit["TimeoutStartSec"].replace("min", "m")) >= 1800, "systemd: TimeoutStartSec covers weight loading")
+entrypoint_accepts({k: v for k, v in senv.items() if k != "DRAFTHEAD_BIN"}, "systemd drafthead.env")
+sa = shutil.which("systemd-analyze")
+if sa:
+    r = subprocess.run([sa, "verify", os.path.join(DEPLOY, "systemd", "drafthead.service")], capture_output=True, text=True, timeout=60)
+    bad = [l for l in (r.stdout + r.stderr).splitlines() if "Unknown" in l or "Invalid" in l or "Failed to parse" in l]
+    check(not bad, f"systemd-analyze verify: no unknown or invalid settings {bad}")
+else:
+    print("SKIP: systemd-analyze not installed")
+
 # ---- Kubernetes --------------------------------------------------------------------------------------
 K8S = os.path.join(DEPLOY, "k8s")
 objs = {}
