@@ -386,6 +386,46 @@ absl::StatusOr<TokensResult> DraftHeadClient::Sample(const HiddenRows& hidden, c
   return ToTokensResult(req, *std::move(resp));
 }
 
+absl::StatusOr<uint32_t> DraftHeadClient::HiddenSize() {
+  if (const uint32_t k = hidden_size_.load(std::memory_order_relaxed)) return k;
+  absl::StatusOr<v1::ModelInfo> info = Info();
+  if (!info.ok()) return info.status();
+  if (info->hidden_size() == 0) return absl::InternalError("server reports hidden_size 0");
+  hidden_size_.store(info->hidden_size(), std::memory_order_relaxed);
+  return info->hidden_size();
+}
+
+absl::StatusOr<HiddenRows> DraftHeadClient::RowsOf(std::span<const uint16_t> bits) {
+  absl::StatusOr<uint32_t> k = HiddenSize();
+  if (!k.ok()) return k.status();
+  if (bits.empty() || bits.size() % *k != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden: ", bits.size(), " bf16 values is not a whole number of rows of ", *k));
+  }
+  return HiddenRows::Bf16(bits, static_cast<uint32_t>(bits.size() / *k));
+}
+
+absl::StatusOr<LogitsResult> DraftHeadClient::Logits(std::span<const uint16_t> b, const RequestOptions& o) {
+  absl::StatusOr<HiddenRows> h = RowsOf(b);
+  if (!h.ok()) return h.status();
+  return Logits(*h, o);
+}
+absl::StatusOr<TokensResult> DraftHeadClient::TopK(std::span<const uint16_t> b, const RequestOptions& o) {
+  absl::StatusOr<HiddenRows> h = RowsOf(b);
+  if (!h.ok()) return h.status();
+  return TopK(*h, o);
+}
+absl::StatusOr<TokensResult> DraftHeadClient::Argmax(std::span<const uint16_t> b, const RequestOptions& o) {
+  absl::StatusOr<HiddenRows> h = RowsOf(b);
+  if (!h.ok()) return h.status();
+  return Argmax(*h, o);
+}
+absl::StatusOr<TokensResult> DraftHeadClient::Sample(std::span<const uint16_t> b, const RequestOptions& o) {
+  absl::StatusOr<HiddenRows> h = RowsOf(b);
+  if (!h.ok()) return h.status();
+  return Sample(*h, o);
+}
+
 // One async call across its attempts; kept alive by the shared_ptr captured in gRPC's callback.
 struct DraftHeadClient::AsyncCall {
   v1::LogitsRequest request;

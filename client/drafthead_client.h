@@ -177,6 +177,13 @@ class DraftHeadClient {
   absl::StatusOr<TokensResult> TopK(const HiddenRows& hidden, const RequestOptions& options);
   absl::StatusOr<TokensResult> Argmax(const HiddenRows& hidden, const RequestOptions& options = {});
   absl::StatusOr<TokensResult> Sample(const HiddenRows& hidden, const RequestOptions& options);
+  // The same, with rows = bits.size() / hidden_size (the server's, fetched once by HiddenSize()).
+  absl::StatusOr<LogitsResult> Logits(std::span<const uint16_t> bf16_rows, const RequestOptions& options = {});
+  absl::StatusOr<TokensResult> TopK(std::span<const uint16_t> bf16_rows, const RequestOptions& options);
+  absl::StatusOr<TokensResult> Argmax(std::span<const uint16_t> bf16_rows, const RequestOptions& options = {});
+  absl::StatusOr<TokensResult> Sample(std::span<const uint16_t> bf16_rows, const RequestOptions& options);
+  // ModelInfo::hidden_size, from the first successful Info() (cached).
+  absl::StatusOr<uint32_t> HiddenSize();
   // The raw call: response as the server sent it except that an in-band error is the status.
   absl::StatusOr<v1::LogitsResponse> Compute(const v1::LogitsRequest& request,
                                              absl::Duration deadline = absl::ZeroDuration());
@@ -211,7 +218,9 @@ class DraftHeadClient {
   ClientOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::DraftHead::Stub>> stubs_;
+  absl::StatusOr<HiddenRows> RowsOf(std::span<const uint16_t> bf16_rows);
   std::atomic<uint64_t> next_channel_{0};
+  std::atomic<uint32_t> hidden_size_{0};
   std::atomic<uint64_t> jitter_state_;
 };
 

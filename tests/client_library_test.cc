@@ -113,6 +113,19 @@ TEST_F(ClientTest, Reductions) {
   EXPECT_EQ(s1->token_ids, s2->token_ids);  // a function of (seed, row, token) only
 }
 
+TEST_F(ClientTest, SpanOverloadsInferRows) {
+  const auto h = Hidden(3, 8);
+  auto a = client_->Argmax(std::span<const uint16_t>(h));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->rows, 3u);
+  auto b = client_->Argmax(HiddenRows::Bf16(h, 3));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  EXPECT_EQ(*client_->HiddenSize(), K);
+  auto bad = client_->Logits(std::span<const uint16_t>(h).first(K + 3));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClientTest, BadRequestIsInvalidArgumentNamingTheField) {
   const auto h = Hidden(2, 3);
   RequestOptions o;
