@@ -15,7 +15,7 @@ if [ -x /usr/local/cuda/bin/nvcc ] && [ "${DRAFTHEAD_SKIP_CUDA_BUILD:-0}" != 1 ]
   echo "== CUDA build (compile and link; GPU tests skip without a GPU) =="
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDRAFTHEAD_CUDA=ON >/dev/null
   cmake --build build-cuda -j"$jobs"
-  ctest --test-dir build-cuda --output-on-failure -j"$jobs" -L gpu
+  ctest --test-dir build-cuda --output-on-failure -L cuda
 fi
 if [ "${DRAFTHEAD_SKIP_FUZZ:-0}" != 1 ]; then
   echo "== fuzz (bounded) =="
@@ -31,6 +31,6 @@ if [ "${DRAFTHEAD_SKIP_SANITIZE:-0}" != 1 ]; then
     -DDRAFTHEAD_SANITIZE=ON -DDRAFTHEAD_BENCH=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE "slow|fuzz|gpu" --timeout 1200
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE "slow|fuzz|cuda" --timeout 1200
 fi
 echo "all test stages passed"

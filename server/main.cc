@@ -409,6 +409,7 @@ int RunRank(const std::vector<std::string>& args) {
           std::chrono::duration_cast<std::chrono::milliseconds>(now - t0).count());
     };
     const bool need_bf16 = keep_bf16 || wcfg.twin.empty();
+    wcfg.threads = bopts.threads;  // ranks on one host share its cores while loading too
     absl::Status st;
     auto w = LoadShardWeights(wcfg, geo, need_bf16, progress);
     if (!w.ok()) {
@@ -425,9 +426,12 @@ int RunRank(const std::vector<std::string>& args) {
     mine.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     mine.ok = st.ok() ? 1 : 0;
     if (!st.ok()) std::snprintf(mine.message, sizeof(mine.message), "%s", std::string(st.message()).c_str());
-    Log(st.ok() ? LogLevel::kInfo : LogLevel::kError, st.ok() ? "shard_ready" : "shard_failed",
-        "rows", geo.row_begin(), "shard_rows", geo.shard_rows, "weight_bytes", mine.weight_bytes,
-        "load_s", mine.load_seconds, "twin_s", mine.twin_seconds, "error", mine.message);
+    if (st.ok()) {
+      Log(LogLevel::kInfo, "shard_ready", "first_row", geo.row_begin(), "shard_rows", geo.shard_rows,
+          "weight_bytes", mine.weight_bytes, "load_s", mine.load_seconds, "twin_s", mine.twin_seconds);
+    } else {
+      Log(LogLevel::kError, "shard_failed", "first_row", geo.row_begin(), "error", mine.message);
+    }
   }
   auto reports = engine.ExchangeReady(mine);
   if (!reports.ok()) return Fail("group_start_failed", reports.status());
