@@ -248,7 +248,8 @@ class Run {
     if (code != 0 && t->examples[code].empty() && message) t->examples[code] = *message;
     if (code == 0) {
       ++t->ok;
-      t->rows += r.rows;
+      const uint32_t rows = r.rows ? r.rows : rows_;  // a server that leaves `rows` unset
+      t->rows += rows;
       t->latency.Record(static_cast<uint64_t>(lat));
       t->queue.Record(r.queue_us);
       t->compute.Record(r.compute_us);
@@ -262,7 +263,7 @@ class Run {
     SecondStats& s = t->timeline[sec];
     if (code == 0) {
       ++s.ok;
-      s.rows += r.rows;
+      s.rows += r.rows ? r.rows : rows_;
       s.latency.Record(static_cast<uint64_t>(lat));
     } else {
       ++s.errors;
@@ -701,7 +702,6 @@ LoadResult Run::Merge() {
   r.requests_per_s = static_cast<double>(r.ok + r.errors) / r.elapsed_s;
   r.ok_per_s = static_cast<double>(r.ok) / r.elapsed_s;
   r.rows_per_s = static_cast<double>(r.rows) / r.elapsed_s;
-  (void)rows_;
   return r;
 }
 

@@ -99,7 +99,8 @@ struct LoadResult {
 };
 
 // Runs one load test. `requests` are serialized LogitsRequests, used round robin (a small pool of
-// distinct hidden states); `rows_per_request` is their row count (for rows/s).
+// distinct hidden states); `rows_per_request` is their row count, counted for rows/s when an answer
+// does not carry its own `rows`.
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
                                    uint32_t rows_per_request);
 
