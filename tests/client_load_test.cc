@@ -210,6 +210,26 @@ TEST(LoadTester, OpenLoopKeepsTheScheduleAgainstASlowServer) {
   EXPECT_LT(c->latency.Percentile(0.5), 50e6);
 }
 
+// Coordinated omission: when the client itself cannot send on time (here held back by
+// max_inflight), the wait still counts, because latency runs from the scheduled send time.
+TEST(LoadTester, OpenLoopLatencyCountsFromTheSchedule) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--delay-us=2000", "--workers=1"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.rps = 1000;
+  o.duration = absl::Milliseconds(800);
+  o.max_inflight = 2;  // against one 2 ms worker: at most 500/s sent, half the schedule
+  auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(static_cast<double>(r->issued), 800.0, 20.0);  // every scheduled request went, late
+  EXPECT_EQ(r->ok, r->issued);
+  // Each answer took ~2-4 ms of service, yet the late ones report their whole delay.
+  EXPECT_LT(r->compute_us.Percentile(0.5), 10000.0);
+  EXPECT_GT(r->send_lag.max(), 100e6);
+  EXPECT_GT(r->latency.Percentile(0.99), 100e6);
+  EXPECT_GE(r->latency.max(), r->send_lag.max());
+}
+
 // A server that stops answering cannot hang a run: unary calls end at their deadline, streams
 // (which have no deadline in a count-bounded run) are cancelled after --timeout without answers.
 TEST(LoadTester, AStalledServerEndsTheRun) {
