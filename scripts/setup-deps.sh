@@ -5,7 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
       libssl-dev zlib1g-dev clang libclang-rt-dev prometheus openssl
-      python3 python3-grpcio python3-protobuf python3-numpy)
+      python3 python3-grpcio python3-protobuf python3-numpy python3-yaml)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -127,20 +129,45 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
   return grpc::SslServerCredentials(opts);
 }
 
-// Signals are blocked in every thread and taken here, on one thread.
+// Signals are blocked in every thread and taken by one signal thread (StartSignalThread). Before
+// the group serves, SIGTERM/SIGINT end the process at once (a pod deleted while loading must not
+// wait for its kill); once serving, rank 0 drains and a worker keeps answering rank 0 until rank 0
+// shuts it down or disappears (a drain needs every rank).
 std::atomic<int> g_signal{0};
-void WaitForSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) == 0) {
-      g_signal = sig;
-      return;
+std::atomic<bool> g_serving{false};
+std::mutex g_signal_mu;
+std::condition_variable g_signal_cv;
+
+void StartSignalThread(int rank) {
+  std::thread([rank] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (!g_serving) {
+        Log(LogLevel::kWarn, "stopped_during_startup", "signal", sig);
+        std::fflush(nullptr);
+        _exit(128 + sig);  // local workers follow through PR_SET_PDEATHSIG
+      }
+      if (rank != 0) {
+        Log(LogLevel::kInfo, "signal_deferred_to_rank0", "signal", sig);
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> l(g_signal_mu);
+        g_signal = sig;
+      }
+      g_signal_cv.notify_all();
     }
-  }
+  }).detach();
+}
+
+void WaitForSignals() {
+  std::unique_lock<std::mutex> l(g_signal_mu);
+  g_signal_cv.wait(l, [] { return g_signal.load() != 0; });
 }
 
 void OnTerminate() {
@@ -205,6 +232,7 @@ int RunRank(const std::vector<std::string>& args) {
   RankSetup setup = *setup_or;
   SetLogRank(setup.rank);
   std::set_terminate(OnTerminate);
+  StartSignalThread(setup.rank);
 
   const std::string backend_name = absl::GetFlag(FLAGS_backend), comm_name = absl::GetFlag(FLAGS_comm);
   if (backend_name != "cpu" && backend_name != "cuda")
@@ -438,6 +466,7 @@ int RunRank(const std::vector<std::string>& args) {
   if (!mine.ok) return 1;
 
   if (setup.rank != 0) {
+    g_serving = true;
     absl::Status s = engine.RunWorker();
     if (!s.ok()) return Fail("worker_stopped", s);
     Log(LogLevel::kInfo, "worker_shutdown");
@@ -478,6 +507,7 @@ int RunRank(const std::vector<std::string>& args) {
     leader_status = leader.Run();
     leader_done = true;
   });
+  g_serving = true;
   service->SetReady(true);
   server->GetHealthCheckService()->SetServingStatus(true);
   metrics->SetServing(true);

@@ -389,6 +389,37 @@ TEST_F(E2E, TruncatedCheckpointFailsAtStartNamingTheFile) {
   EXPECT_NE(log.find("lm_head.weight"), std::string::npos) << log;
 }
 
+TEST_F(E2E, SigtermDuringStartupExitsPromptly) {
+  // Real shapes: loading takes seconds, long enough to be interrupted.
+  auto args = Base(2);
+  args.push_back("--synthetic=1");
+  ServerProcess p(args, dir_ + "/startup.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(p.Running()) << p.Log();
+  auto kids = testing::ChildPids(p.pid());
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(p.pid(), SIGTERM);
+  const int st = p.Wait(std::chrono::seconds(5));
+  ASSERT_NE(st, -1) << "SIGTERM during start-up was not honoured";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  for (pid_t k : kids) EXPECT_TRUE(testing::ProcessGone(k, std::chrono::seconds(5)));
+  EXPECT_NE(p.Log().find("stopped_during_startup"), std::string::npos) << p.Log();
+}
+
+TEST_F(E2E, AWorkerDyingDuringStartupFailsTheGroupAtOnce) {
+  auto args = Base(3);
+  args.push_back("--synthetic=1");
+  ServerProcess p(args, dir_ + "/startup-kill.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto kids = testing::ChildPids(p.pid());
+  ASSERT_EQ(kids.size(), 2u) << p.Log();
+  kill(kids[0], SIGKILL);
+  const int st = p.Wait(std::chrono::seconds(5));
+  ASSERT_NE(st, -1) << "rank 0 kept waiting for a dead rank";
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_TRUE(testing::ProcessGone(kids[1], std::chrono::seconds(5)));
+}
+
 TEST_F(E2E, ARankThatCannotJoinIsReported) {
   // Rank 1 of 2 pointed at a leader that never comes: it says why and exits.
   ServerProcess p({"--rank=1", "--world=2", "--leader=127.0.0.1:" + std::to_string(testing::FreePort()),
