@@ -76,7 +76,7 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   item.deadline = SteadyDeadline(ctx);
   item.cancelled = [ctx] { return ctx->IsCancelled(); };
   item.done = std::move(record);
-  batcher_.Submit(std::move(item));
+  batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerContext* ctx,

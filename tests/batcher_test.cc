@@ -54,7 +54,7 @@ TEST(BatcherTest, MaxRequestsOneTurnsBatchingOff) {
   o.max_requests = 1;
   Batcher b(o);
   Probe p[3];
-  for (int i = 0; i < 3; ++i) b.Submit(Item(2, &p[i], i));
+  for (int i = 0; i < 3; ++i) b.Submit(Item(2, &p[i], i)).IgnoreError();
   for (int i = 0; i < 3; ++i) {
     auto batch = b.Take(std::chrono::milliseconds(0));
     ASSERT_EQ(batch.size(), 1u);
@@ -84,9 +84,9 @@ TEST(BatcherTest, DropsExpiredAndCancelledBeforeCompute) {
   e.deadline = Clock::now() - std::chrono::milliseconds(1);
   auto c = Item(1, &cancelled);
   c.cancelled = [] { return true; };
-  b.Submit(std::move(e));
-  b.Submit(std::move(c));
-  b.Submit(Item(2, &live));
+  b.Submit(std::move(e)).IgnoreError();
+  b.Submit(std::move(c)).IgnoreError();
+  b.Submit(Item(2, &live)).IgnoreError();
   auto batch = b.Take(std::chrono::milliseconds(0));
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0].req->rows, 2u);
@@ -102,10 +102,10 @@ TEST(BatcherTest, QueueDelayLetsABatchFill) {
   o.max_queue_delay = std::chrono::milliseconds(200);
   Batcher b(o);
   Probe p1, p2;
-  b.Submit(Item(5, &p1));
+  b.Submit(Item(5, &p1)).IgnoreError();
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    b.Submit(Item(5, &p2));
+    b.Submit(Item(5, &p2)).IgnoreError();
   });
   auto batch = b.Take(std::chrono::milliseconds(1000));
   late.join();
@@ -115,10 +115,10 @@ TEST(BatcherTest, QueueDelayLetsABatchFill) {
 TEST(BatcherTest, CloseFailsQueuedAndLaterRequests) {
   Batcher b(BatcherOptions{});
   Probe q, later;
-  b.Submit(Item(1, &q));
+  b.Submit(Item(1, &q)).IgnoreError();
   b.Close(absl::UnavailableError("group failed"));
   EXPECT_EQ(q.status.code(), absl::StatusCode::kUnavailable);
-  b.Submit(Item(1, &later));
+  b.Submit(Item(1, &later)).IgnoreError();
   EXPECT_EQ(later.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(later.calls, 1);
   EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());

@@ -95,7 +95,7 @@ std::future<Result> Submit(Group& g, const v1::LogitsRequest& req) {
     if (r) res.resp = *r;
     p->set_value(std::move(res));
   };
-  g.batcher->Submit(std::move(it));
+  g.batcher->Submit(std::move(it)).IgnoreError();
   return fut;
 }
 
@@ -288,7 +288,7 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   it.req = p;
   absl::Status got;
   it.done = [&](const absl::Status& st, v1::LogitsResponse*) { got = st; };
-  b.Submit(std::move(it));
+  b.Submit(std::move(it)).IgnoreError();
   EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
 }
 
