@@ -167,8 +167,10 @@ int main(int argc, char** argv) {
                 fp8_mb / stream_gbs * 1e3, stream_gbs);
     std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB)\n\n", twin_ms,
                 wbytes * 2 / 1e6, fp8_mb);
-    std::printf("| M | fp8 us | GB/s | %% of stream | f16-cvt us | d2 us | d4 us | d8 us | cuBLAS bf16 us | bf16/fp8 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    // Round 2 columns: d4 (the default kernel again: noise), nohint (200), w32ks2d2 (302),
+    // w32ks2d4 (304), w16ks2d4 (314): M <= 16 only.
+    std::printf("| M | fp8 us | GB/s | %% of stream | d4 us | nohint us | w32ks2d2 us | w32ks2d4 us | w16ks2d4 us | pf8 us | pf16 us | pf32 us | cuBLAS bf16 us | bf16/fp8 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int m : ms) {
       auto fp8 = [&](int depth) {
         return TimeIt(iters, [&, depth](int i) {
@@ -181,12 +183,18 @@ int main(int argc, char** argv) {
         });
       };
       const double t = fp8(0) * 1e3;
-      double d2 = 0, d4 = 0, d8 = 0, f16 = 0;
+      double d4 = 0, nh = 0, v302 = 0, v304 = 0, v314 = 0, p8 = 0, p16 = 0, p32 = 0;
       if (!quick) {
-        f16 = fp8(100) * 1e3;
-        d2 = fp8(2) * 1e3;
         d4 = fp8(4) * 1e3;
-        if (m <= 16) d8 = fp8(8) * 1e3;
+        if (m <= 16) {
+          nh = fp8(200) * 1e3;
+          v302 = fp8(302) * 1e3;
+          v304 = fp8(304) * 1e3;
+          v314 = fp8(314) * 1e3;
+          p8 = fp8(408) * 1e3;
+          p16 = fp8(416) * 1e3;
+          p32 = fp8(432) * 1e3;
+        }
       }
       const double tb = TimeIt(iters, [&](int i) {
         if (drafthead::cuda::HeadGemmBf16(h, x, m, K, wb[i % copies], N, y, N, nullptr) !=
@@ -194,11 +202,17 @@ int main(int argc, char** argv) {
           std::exit(1);
       }) * 1e3;
       const double gbs = fp8_mb * 1e6 / (t * 1e-6) / 1e9;
-      std::printf("| %d | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", m, t,
-                  gbs, 100.0 * gbs / stream_gbs, f16, d2, d4, d8, tb, tb / t);
+      std::printf("| %d | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n",
+                  m, t, gbs, 100.0 * gbs / stream_gbs, d4, nh, v302, v304, v314, p8, p16, p32, tb,
+                  tb / t);
     }
     // Epilogue: the payload kernels for M rows (bf16 full logits; top-k 8; argmax).
-    if (epilogue) std::printf("\n| epilogue (M rows) | us |\n| --- | --- |\n");
+    // Columns: round-1 kernels (variant 1, as before); the default split dispatch given the host
+    // rows (as the backend calls it); the same without them (every kernel launched); split with
+    // 512- and 2048-column chunks.
+    if (epilogue)
+      std::printf("\n| epilogue (M rows) | old us | new us | new, no host rows us | c512 us | c1024 us | c2048 us | c4096 us | old/new | old GPU us | new GPU us |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     uint8_t* pay;
     CK(cudaMalloc(&pay, size_t{64} * N * 4 + 4096));
     drafthead::cuda::ReduceRow* drows;
@@ -211,10 +225,16 @@ int main(int argc, char** argv) {
     };
     for (const Case& cs : std::vector<Case>{
              {"full bf16 x5", drafthead::cuda::ReduceMode::kFullLogits, 0, 5},
+             {"top-8 x1", drafthead::cuda::ReduceMode::kTopK, 8, 1},
              {"top-8 x5", drafthead::cuda::ReduceMode::kTopK, 8, 5},
+             {"top-8 x16", drafthead::cuda::ReduceMode::kTopK, 8, 16},
              {"top-8 x64", drafthead::cuda::ReduceMode::kTopK, 8, 64},
+             {"top-64 x5", drafthead::cuda::ReduceMode::kTopK, 64, 5},
+             {"top-64 x64", drafthead::cuda::ReduceMode::kTopK, 64, 64},
              {"top-1024 x5", drafthead::cuda::ReduceMode::kTopK, 1024, 5},
+             {"argmax x5", drafthead::cuda::ReduceMode::kArgmax, 1, 5},
              {"argmax x64", drafthead::cuda::ReduceMode::kArgmax, 1, 64},
+             {"sample x5", drafthead::cuda::ReduceMode::kSample, 1, 5},
              {"sample x64", drafthead::cuda::ReduceMode::kSample, 1, 64}}) {
       if (!epilogue) break;
       const auto mode = cs.mode;
@@ -239,11 +259,45 @@ int main(int argc, char** argv) {
       void* escr = nullptr;
       CK(cudaMalloc(&escr, std::max<size_t>(escr_bytes, 16)));
       CK(drafthead::cuda::HeadGemvFp8(x, 64, K, codes[0], exps[0], N, y, N, true, nullptr));
-      const double te = TimeIt(iters, [&](int) {
-        CK(drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr, escr_bytes,
-                                          nullptr));
-      }) * 1e3;
-      std::printf("| %s | %.1f |\n", label, te);
+      auto time_epi = [&](int variant, bool host_rows) {
+        drafthead::cuda::SetEpilogueVariant(variant);
+        const double t = TimeIt(iters, [&](int) {
+          CK(drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr, escr_bytes,
+                                            nullptr, host_rows ? rr.data() : nullptr));
+        }) * 1e3;
+        drafthead::cuda::SetEpilogueVariant(0);
+        return t;
+      };
+      const double t_old = time_epi(1, false), t_new = time_epi(0, true);
+      const double t_nh = time_epi(0, false), t_512 = time_epi(2, true), t_1k = time_epi(4, true);
+      const double t_2k = time_epi(3, true), t_4k = time_epi(5, true);
+      // GPU time as in the server: the epilogue queued behind a GEMV (so the host is ahead and
+      // its launch overhead is hidden), timed from an event after the GEMV to one after it.
+      auto gpu_epi = [&](int variant, bool host_rows) {
+        drafthead::cuda::SetEpilogueVariant(variant);
+        cudaEvent_t b, c;
+        CK(cudaEventCreate(&b));
+        CK(cudaEventCreate(&c));
+        std::vector<float> v;
+        for (int i = 0; i < iters + 2; ++i) {
+          CK(drafthead::cuda::HeadGemvFp8(x, 64, K, codes[0], exps[0], N, y, N, true, nullptr));
+          CK(cudaEventRecord(b));
+          CK(drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr, escr_bytes,
+                                            nullptr, host_rows ? rr.data() : nullptr));
+          CK(cudaEventRecord(c));
+          CK(cudaEventSynchronize(c));
+          float t = 0;
+          CK(cudaEventElapsedTime(&t, b, c));
+          if (i >= 2) v.push_back(t);
+        }
+        cudaEventDestroy(b);
+        cudaEventDestroy(c);
+        drafthead::cuda::SetEpilogueVariant(0);
+        return Median(v) * 1e3;
+      };
+      const double g_old = gpu_epi(1, false), g_new = gpu_epi(0, true);
+      std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |\n",
+                  label, t_old, t_new, t_nh, t_512, t_1k, t_2k, t_4k, t_old / t_new, g_old, g_new);
       CK(cudaFree(escr));
     }
     CK(cudaFree(pay));

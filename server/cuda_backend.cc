@@ -262,7 +262,7 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, rows,
                                       static_cast<uint8_t*>(payload_.p), escratch_.p,
-                                      escratch_.bytes, stream_));
+                                      escratch_.bytes, stream_, desc));
     if (space == MemorySpace::kHost) {
       DH_CUDA_CHECK(hpayload_.Reserve(std::max<size_t>(layout.bytes(), 16)));
       DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, layout.bytes(),

@@ -357,6 +357,13 @@ TEST_F(CudaGemv, BenchmarkVariantsAndFallbackAreCorrect) {
   for (int m : {1, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 4, nullptr);
   for (int m : {1, 5, 40, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 100, nullptr);
   for (int m : {1, 13, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 4000, -1, nullptr);
+  // Round 2 variants (M <= 16): no L2 hint; K split in 2 across warps of one CTA (32 or 16 warps);
+  // bulk L2 prefetch;
+  // n = 1000 / 4000 leaves warps of the last CTA without rows (they still reach the barriers).
+  for (int v : {200, 302, 304, 314, 408, 416, 432})
+    for (int m : {1, 5, 8, 9, 16})
+      for (int64_t n : {int64_t{32320}, int64_t{129280}, int64_t{1000}})
+        CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, nullptr);
 }
 
 TEST(CudaGemvShapes, OddShapesAndMoreThan64Rows) {
@@ -465,8 +472,8 @@ void AddRow(EpilogueCase& c, int y_row, cuda::ReduceMode mode, uint32_t k, float
 }
 
 // Runs the GPU epilogue over host logits y [rows, ldy] and compares with the CPU reductions.
-void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
-                   int32_t id_base, const EpilogueCase& c) {
+void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
+                       int32_t id_base, const EpilogueCase& c, bool host_rows) {
   ASSERT_EQ(cuda::ValidateReduceRows(c.rows.data(), static_cast<int>(c.rows.size())), cudaSuccess);
   DeviceBuffer<float> dy(y.size());
   DH_CU(dy.Upload(y));
@@ -478,7 +485,7 @@ void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, in
   DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
   DH_CU(cuda::ShardEpilogue(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(),
                             static_cast<int>(c.rows.size()), pay.get(), scratch.get(), sb,
-                            nullptr));
+                            nullptr, host_rows ? c.rows.data() : nullptr));
   DH_CU(cudaDeviceSynchronize());
   const auto p = pay.Download(c.bytes);
   for (size_t i = 0; i < c.rows.size(); ++i) {
@@ -531,6 +538,24 @@ void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, in
   }
 }
 
+// Every epilogue dispatch: the default (with and without the host copy of the rows), the round-1
+// kernels, and the split path with 512- to 4096-column chunks.
+void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
+                   int32_t id_base, const EpilogueCase& c) {
+  const struct {
+    int variant;
+    bool host_rows;
+  } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true}, {4, true}, {5, true}};
+  for (const auto& cfg : configs) {
+    SCOPED_TRACE(testing::Message() << "epilogue variant " << cfg.variant << " host rows "
+                                    << cfg.host_rows << " n_valid " << n_valid);
+    cuda::SetEpilogueVariant(cfg.variant);
+    CheckEpilogueOnce(y, ldy, n_shard, n_valid, id_base, c, cfg.host_rows);
+    cuda::SetEpilogueVariant(0);
+    if (testing::Test::HasFatalFailure()) return;
+  }
+}
+
 }  // namespace
 
 TEST_F(CudaGemv, ReductionsMatchTheCpuOnGpuLogits) {
@@ -542,7 +567,7 @@ TEST_F(CudaGemv, ReductionsMatchTheCpuOnGpuLogits) {
   DH_CU(cudaDeviceSynchronize());
   const auto y = dy.Download(dy.size());
   EpilogueCase c;
-  const uint32_t ks[] = {1, 2, 8, 50, 256, 1000, 1024};
+  const uint32_t ks[] = {1, 2, 8, 50, 64, 65, 256, 1000, 1024};
   int row = 0;
   for (uint32_t k : ks) AddRow(c, row++, cuda::ReduceMode::kTopK, k, row % 2 ? 1.f : 0.7f, 0, 0, false, n);
   for (int i = 0; i < 8; ++i) AddRow(c, row++, cuda::ReduceMode::kArgmax, 1, 1.f, 0, 0, false, n);

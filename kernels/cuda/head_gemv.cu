@@ -19,12 +19,25 @@ constexpr int kSmemBudget = 200 * 1024;     // x buffers (H200: 227 KB per block
 // Streaming 16-byte load: the weights are read once, so keep them out of L1; the L2::256B hint
 // makes L2 fetch the whole 256-byte span of the row (the next steps' loads), so DRAM sees long
 // contiguous bursts although one warp instruction touches 8 rows x 64 bytes.
+template <bool HINT = true>
 __device__ __forceinline__ uint4 LdgStream(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+  if constexpr (HINT) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  }
   return r;
+}
+
+// Bulk L2 prefetch of `bytes` (a multiple of 16, 16-byte aligned) at p: no registers, no
+// completion to wait for; the later loads find the lines in L2.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* g, uint32_t src_bytes) {
@@ -108,6 +121,7 @@ struct GemvArgs {
   int steps;        // 64-column steps, a multiple of D (columns past k are zeros)
   int chunk_steps;  // steps per x chunk (== steps when x fits whole), a multiple of D
   int row_bytes;    // shared-memory stride of one x row: 16 mod 128 keeps B loads conflict-free
+  int red_off;      // KS > 1: byte offset of the split-K partial sums in shared memory
 };
 
 template <int MT, int NT>
@@ -125,9 +139,17 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
   CpAsyncCommit();
 }
 
-template <int MT, int D, int CONV, int RT>
-__global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const GemvArgs a) {
-  constexpr int kWarps = WarpsFor(RT), kThreads = kWarps * 32, kRows = 16 * RT;
+// W warps a CTA; KS > 1 (round 2, whole-x mode and RT = 1 only): the CTA's W / KS work units are
+// each split over KS warps along K (warp w: unit w % (W/KS), K part w / (W/KS)), so W = 32 puts
+// 32 warps (64 registers each) on an SM with half the stream each; the partial accumulators are
+// added through shared memory (fixed order: deterministic). HINT: the L2::256B load hint.
+// PFD > 0 (round 2 variant): lanes t == 0 also issue bulk L2 prefetches of their two rows, 512
+// bytes (8 steps) at a time, PFD steps ahead of the loads, so DRAM sees 512-byte row bursts.
+template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
+          int PFD = 0>
+__global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+  static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
+  constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -141,11 +163,14 @@ __global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const Gemv
   if (single) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
   bool x_ready = !single;
 
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < nblk;
-       base += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t blk = base + warp;
+  const int unit = warp % kUnits, kpart = warp / kUnits;
+  const int part_steps = a.steps / KS;  // a.steps is a multiple of D * KS
+  const int s_begin = kpart * part_steps, s_end = s_begin + part_steps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kUnits; base < nblk;
+       base += static_cast<int64_t>(gridDim.x) * kUnits) {
+    const int64_t blk = base + unit;
     const bool active = blk < nblk;
-    if (single && !active && x_ready) break;  // no barriers below in this mode
+    if (KS == 1 && single && !active && x_ready) break;  // no barriers below in this mode
     const int64_t r0 = blk * kRows;
     // Loads are never predicated (that costs selects and moves in the hot loop): rows past n read
     // row n-1 (their outputs are not stored) and columns past k read the last 16 columns (x is
@@ -164,20 +189,27 @@ __global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const Gemv
     uint4 wq[D][2 * RT];
     uint32_t eq[D];
     auto load = [&](int s, int slot) {
-      if (!active || s >= a.steps) return;  // warp-uniform
+      if (!active || s >= s_end) return;  // warp-uniform
       const int64_t col = min(static_cast<int64_t>(s) * 64 + 16 * t, last_col);
 #pragma unroll
-      for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream(rowp[i] + col);
+      for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream<HINT>(rowp[i] + col);
       eq[slot] = __ldg(ep + min(static_cast<int64_t>(2 * s + (t >> 1)), last_kb));
     };
+    if constexpr (PFD > 0) {
+      if (active && t == 0) {
+        const int64_t end = min(static_cast<int64_t>(PFD + 8) * 64, a.k);
 #pragma unroll
-    for (int d = 0; d < D; ++d) load(d, d);
+        for (int i = 0; i < 2 * RT; ++i) PrefetchL2(rowp[i], static_cast<uint32_t>(end));
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d) load(s_begin + d, d);
     if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
       CpAsyncWait<0>();
       __syncthreads();
       x_ready = true;
     }
-    if (single && !active) break;
+    if (KS == 1 && single && !active) break;
 
     float acc[RT][MT][4];
 #pragma unroll
@@ -194,7 +226,7 @@ __global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const Gemv
     }
     int chunk_step0 = 0;
     const uint8_t* xs = smem;
-    for (int s0 = 0; s0 < a.steps; s0 += D) {
+    for (int s0 = s_begin; s0 < s_end; s0 += D) {
       if (!single && s0 % a.chunk_steps == 0) {
         const int q = s0 / a.chunk_steps;
         __syncthreads();  // everyone is done with the buffer chunk q+1 goes to
@@ -212,6 +244,16 @@ __global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const Gemv
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int s = s0 + d;
+        if constexpr (PFD > 0) {
+          if (active && t == 0 && (s & 7) == 0) {
+            const int64_t off = static_cast<int64_t>(s + PFD + 8) * 64;
+            if (off < a.k) {
+              const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(512), a.k - off));
+#pragma unroll
+              for (int i = 0; i < 2 * RT; ++i) PrefetchL2(rowp[i] + off, bytes);
+            }
+          }
+        }
         if (active) {
           const uint32_t scale2 = ScalePair<CONV>(eq[d]);
           // A fragments: af[i][2j] = codes 4j,4j+1 of row i; af[i][2j+1] = codes 4j+2,4j+3.
@@ -241,6 +283,30 @@ __global__ void __launch_bounds__(WarpsFor(RT) * 32, 1) GemvFp8Kernel(const Gemv
             }
           }
         }
+      }
+    }
+    if constexpr (KS > 1) {
+      // Partial sums of K parts 1.. to shared memory, added by the part-0 warp in part order.
+      float* red = reinterpret_cast<float*>(smem + a.red_off);
+      constexpr int kPer = MT * 4 * 32;  // floats per warp
+      __syncthreads();  // the previous round's readers are done
+      if (kpart > 0 && active) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            red[((kpart - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane] = acc[0][mt][c];
+      }
+      __syncthreads();
+      if (kpart > 0) continue;
+      if (active) {
+#pragma unroll
+        for (int q = 1; q < KS; ++q)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              acc[0][mt][c] += red[((q - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane];
       }
     }
     if (!active) continue;
@@ -306,19 +372,20 @@ __global__ void __launch_bounds__(256) GemvFp8Fallback(const uint16_t* __restric
 }
 
 // ---- dispatch -------------------------------------------------------------------------------
-template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2)>
+template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2), int W = WarpsFor(RT),
+          int KS = 1, bool HINT = true, int PFD = 0>
 cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                        cudaStream_t stream) {
   // Cheap runtime calls; done per launch so a process may use several devices.
-  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT>,
+  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
   int dev = 0, sms = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
   DH_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0};
+  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0};
   const int raw_steps = static_cast<int>((k + 63) / 64);
-  a.steps = (raw_steps + D - 1) / D * D;
+  a.steps = (raw_steps + D * KS - 1) / (D * KS) * (D * KS);
   const int rows = MT * 8;
   auto bytes_for = [&](int chunk_steps, int bufs) {
     return static_cast<size_t>(bufs) * rows * (chunk_steps * 128 + 16);
@@ -331,12 +398,18 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
     if (a.chunk_steps < D) return cudaErrorInvalidValue;
   }
   a.row_bytes = a.chunk_steps * 128 + 16;
-  const size_t smem = bytes_for(a.chunk_steps, a.chunk_steps >= a.steps ? 1 : 2);
-  constexpr int kWarps = WarpsFor(RT);
+  size_t smem = bytes_for(a.chunk_steps, a.chunk_steps >= a.steps ? 1 : 2);
+  if constexpr (KS > 1) {
+    if (a.chunk_steps < a.steps) return cudaErrorNotSupported;  // x must fit whole
+    a.red_off = static_cast<int>((smem + 15) / 16 * 16);
+    smem = a.red_off + static_cast<size_t>(KS - 1) * (W / KS) * MT * 4 * 32 * 4;
+    if (smem > static_cast<size_t>(kSmemBudget)) return cudaErrorNotSupported;
+  }
+  constexpr int kUnits = W / KS;
   const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
-  const int64_t ctas = (nblk + kWarps - 1) / kWarps;
+  const int64_t ctas = (nblk + kUnits - 1) / kUnits;
   const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
-  GemvFp8Kernel<MT, D, CONV, RT><<<grid, kWarps * 32, smem, stream>>>(a);
+  GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD><<<grid, W * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -350,6 +423,8 @@ cudaError_t DispatchFast(const uint16_t* x, int m, int64_t k, const uint8_t* cod
   constexpr int D4 = D == 0 ? 4 : D;
   constexpr int D3 = D == 0 ? 4 : D;
   switch ((m + 7) / 8) {
+    // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
+    // K-split variants 302/314 within 0-3.5%: none replaces these.)
     case 1: return LaunchFast<1, D8, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
     case 2: return LaunchFast<2, D8, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
     case 3: return LaunchFast<3, D4, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
@@ -419,6 +494,44 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
         if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
         return DispatchFast<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 100: return DispatchFast<0, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 200:  // the default without the L2::256B hint
+        switch ((mm + 7) / 8) {
+          case 1: return LaunchFast<1, 4, kConvPrmt, 1, 16, 1, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2: return LaunchFast<2, 4, kConvPrmt, 1, 16, 1, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
+      case 302:  // 32 warps a CTA, K split in 2 inside the CTA, depth 2 (M <= 16, x whole)
+        switch ((mm + 7) / 8) {
+          case 1: return LaunchFast<1, 2, kConvPrmt, 1, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2: return LaunchFast<2, 2, kConvPrmt, 1, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
+      case 304:  // the same at depth 4
+        switch ((mm + 7) / 8) {
+          case 1: return LaunchFast<1, 4, kConvPrmt, 1, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2: return LaunchFast<2, 4, kConvPrmt, 1, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
+      case 408:  // depth 4 + bulk L2 row prefetch 8 steps ahead (M <= 16)
+      case 416:  // ... 16 steps ahead
+      case 432:  // ... 32 steps ahead
+        switch ((mm + 7) / 8) {
+          case 1:
+            return depth == 408 ? LaunchFast<1, 4, kConvPrmt, 1, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream)
+                 : depth == 416 ? LaunchFast<1, 4, kConvPrmt, 1, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream)
+                                : LaunchFast<1, 4, kConvPrmt, 1, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2:
+            return depth == 408 ? LaunchFast<2, 4, kConvPrmt, 1, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream)
+                 : depth == 416 ? LaunchFast<2, 4, kConvPrmt, 1, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream)
+                                : LaunchFast<2, 4, kConvPrmt, 1, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
+      case 314:  // 16 warps, K split in 2 (8 units a CTA), depth 4
+        switch ((mm + 7) / 8) {
+          case 1: return LaunchFast<1, 4, kConvPrmt, 1, 16, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2: return LaunchFast<2, 4, kConvPrmt, 1, 16, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
       case -1: {  // the exact fallback
         const int64_t blocks = (n + 7) / 8;
         GemvFp8Fallback<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(xp, mm, k, codes,

@@ -9,6 +9,9 @@
 // sort of the k winners; k <= kMaxTopK. A row of up to 40960 columns is staged in shared memory
 // by one CTA; longer rows (the full vocabulary on one rank) are cut into up to 16 segments, each
 // selected by its own CTA into `scratch`, then merged (so at most 655360 columns).
+// TOP_K with k <= 64, ARGMAX and SAMPLE (round 2) are split over many CTAs per row: chunks of
+// 512-4096 columns, one 256-thread CTA each, write per-chunk candidates + softmax partials to
+// scratch; a merge kernel (one CTA per row) combines them (same results: the orders are total).
 // All pointers are device memory; asynchronous on `stream`. Callers validate the row
 // descriptors on the host with ValidateReduceRows (unknown mode, k outside 1..kMaxTopK, T <= 0
 // -> cudaErrorInvalidValue) before uploading them; the kernels skip rows they cannot serve.
@@ -44,15 +47,24 @@ static_assert(sizeof(ReduceRow) == 40);
 // offsets 16-byte aligned.
 cudaError_t ValidateReduceRows(const ReduceRow* rows_host, int nrows);
 
-// Device scratch ShardEpilogue needs for nrows rows over n_valid columns (0 for a shard that
-// fits in shared memory).
+// Device scratch ShardEpilogue needs for nrows rows over n_valid columns (never 0).
 size_t EpilogueScratchBytes(int64_t n_valid, int nrows);
 
 // y: fp32 [*, ldy] (ldy a multiple of 4, y 16-byte aligned); n_shard: columns written for full
 // rows; n_valid <= n_shard: columns reduced over; column j is token id_base + j. scratch: device
-// memory of at least EpilogueScratchBytes(n_valid, nrows) bytes (may be null when that is 0).
+// memory of at least EpilogueScratchBytes(n_valid, nrows) bytes. rows_host (optional): a host
+// copy of rows_dev, used only to skip the launches no row needs.
 cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                           int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                           void* scratch, size_t scratch_bytes, cudaStream_t stream);
+cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
+                          int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,
+                          void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                          const ReduceRow* rows_host);
+
+// Bench / test hook (not thread-safe; process-wide): 0 the default dispatch (split path, chunk
+// chosen by shape), 1 the round-1 kernels (one CTA per row for everything), 2 / 4 / 3 / 5 the
+// split path with 512 / 1024 / 2048 / 4096-column chunks.
+void SetEpilogueVariant(int variant);
 
 }  // namespace drafthead::cuda
