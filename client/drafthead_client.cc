@@ -429,8 +429,6 @@ absl::StatusOr<TokensResult> DraftHeadClient::Sample(std::span<const uint16_t> b
 // One async call across its attempts; kept alive by the shared_ptr captured in gRPC's callback.
 struct DraftHeadClient::AsyncCall {
   v1::LogitsRequest request;
-  v1::LogitsResponse response;
-  std::unique_ptr<grpc::ClientContext> context;
   grpc::Alarm alarm;
   absl::Time deadline;
   int attempt = 0;
@@ -440,42 +438,68 @@ struct DraftHeadClient::AsyncCall {
   std::shared_ptr<AsyncCall> self;
 };
 
+namespace {
+
+// One attempt of an async call. gRPC's reactor contract makes OnDone the last thing to touch the
+// attempt's ClientContext, so the attempt (context, response) is deleted there; with the plain
+// callback form the context was owned by the callback itself and could be destroyed while gRPC was
+// still completing the call (an intermittent ref-count assertion).
+class AttemptReactor : public grpc::ClientUnaryReactor {
+ public:
+  using Finish = std::function<void(const grpc::Status&, v1::LogitsResponse&&)>;
+  explicit AttemptReactor(Finish finish) : finish_(std::move(finish)) {}
+  grpc::ClientContext context;
+  v1::LogitsResponse response;
+  void OnDone(const grpc::Status& s) override {
+    Finish f = std::move(finish_);
+    v1::LogitsResponse r = std::move(response);
+    delete this;
+    f(s, std::move(r));
+  }
+
+ private:
+  Finish finish_;
+};
+
+}  // namespace
+
 void DraftHeadClient::StartAttempt(std::shared_ptr<AsyncCall> call) {
   ++call->attempt;
-  call->context = std::make_unique<grpc::ClientContext>();
-  call->context->set_deadline(ToChrono(call->deadline));
-  call->context->set_wait_for_ready(options_.wait_for_ready);
-  call->response.Clear();
-  stubs_[NextChannel()]->async()->ComputeLogits(
-      call->context.get(), &call->request, &call->response, [this, call](grpc::Status gs) {
-        absl::Status s = FromGrpcStatus(gs);
-        if (s.ok()) {
-          if (absl::Status e = InBandError(call->response); !e.ok()) {
-            std::move(call->done)(e);
+  AsyncCall* raw_call = call.get();
+  auto* attempt = new AttemptReactor([this, call](const grpc::Status& gs, v1::LogitsResponse&& response) {
+    absl::Status s = FromGrpcStatus(gs);
+    if (s.ok()) {
+      if (absl::Status e = InBandError(response); !e.ok()) {
+        std::move(call->done)(e);
+      } else {
+        std::move(call->done)(std::move(response));
+      }
+      return;
+    }
+    if (s.code() == absl::StatusCode::kUnavailable && call->attempt < options_.retry.max_attempts) {
+      const absl::Time at = absl::Now() + Backoff(call->attempt + 1);
+      if (at < call->deadline) {
+        // The alarm fires on a callback thread; the retry starts from there, never blocking.
+        AsyncCall* raw = call.get();
+        raw->self = call;
+        raw->alarm.Set(ToChrono(at), [this, raw](bool ok) {
+          std::shared_ptr<AsyncCall> keep = std::move(raw->self);
+          if (ok) {
+            StartAttempt(std::move(keep));
           } else {
-            std::move(call->done)(std::move(call->response));
+            std::move(keep->done)(absl::CancelledError("retry alarm cancelled"));
           }
-          return;
-        }
-        if (s.code() == absl::StatusCode::kUnavailable && call->attempt < options_.retry.max_attempts) {
-          const absl::Time at = absl::Now() + Backoff(call->attempt + 1);
-          if (at < call->deadline) {
-            // The alarm fires on a callback thread; the retry starts from there, never blocking.
-            AsyncCall* raw = call.get();
-            raw->self = call;
-            raw->alarm.Set(ToChrono(at), [this, raw](bool ok) {
-              std::shared_ptr<AsyncCall> keep = std::move(raw->self);
-              if (ok) {
-                StartAttempt(std::move(keep));
-              } else {
-                std::move(keep->done)(absl::CancelledError("retry alarm cancelled"));
-              }
-            });
-            return;
-          }
-        }
-        std::move(call->done)(s);
-      });
+        });
+        return;
+      }
+    }
+    std::move(call->done)(s);
+  });
+  attempt->context.set_deadline(ToChrono(raw_call->deadline));
+  attempt->context.set_wait_for_ready(options_.wait_for_ready);
+  stubs_[NextChannel()]->async()->ComputeLogits(&attempt->context, &raw_call->request,
+                                                &attempt->response, attempt);
+  attempt->StartCall();
 }
 
 void DraftHeadClient::ComputeAsync(v1::LogitsRequest request, Callback<v1::LogitsResponse> done,

@@ -17,7 +17,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/flags/flag.h"
@@ -31,6 +30,7 @@
 #include "server/engine.h"
 #include "server/flag_names.h"
 #include "server/gloo_collective.h"
+#include "server/health.h"
 #include "server/launcher.h"
 #include "server/leader.h"
 #include "server/log.h"
@@ -306,6 +306,7 @@ int RunRank(const std::vector<std::string>& args) {
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<DraftHeadService> service;
   std::unique_ptr<grpc::Server> server;
+  HealthService health;  // NOT_SERVING until every rank holds its shard
   std::atomic<bool> group_failed{false};
   std::unique_ptr<ChildWatcher> watcher;
   if (setup.rank == 0) {
@@ -346,7 +347,6 @@ int RunRank(const std::vector<std::string>& args) {
 
     auto creds = ServerCredentials();
     if (!creds.ok()) return Fail("bad_flags", creds.status());
-    grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
     int bound_port = 0;
@@ -355,11 +355,14 @@ int RunRank(const std::vector<std::string>& args) {
                                 std::max<int64_t>(vocab * 4, geo.hidden * 4) + (1 << 20);
     builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_msg, INT32_MAX)));
     builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(max_msg, INT32_MAX)));
+    // No SO_REUSEPORT: a second server on the same port must fail, not silently share it.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.RegisterService(service.get());
+    builder.RegisterService(&health);
     server = builder.BuildAndStart();
     if (!server || bound_port == 0)
       return Fail("listen_failed", absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
-    server->GetHealthCheckService()->SetServingStatus(false);
+    health.SetServing(false);
     Log(LogLevel::kInfo, "grpc_listening", "address", absl::GetFlag(FLAGS_listen), "port", bound_port,
         "tls", absl::GetFlag(FLAGS_tls_cert).empty() ? "off" : (absl::GetFlag(FLAGS_tls_client_ca).empty() ? "on" : "mutual"));
     if (!children.empty()) {
@@ -368,7 +371,7 @@ int RunRank(const std::vector<std::string>& args) {
         Log(LogLevel::kError, "rank_exited", "failed_rank", rank, "how", how);
         if (metrics) metrics->SetRankHealth(rank, false);
         if (!group_failed.exchange(true)) {
-          server->GetHealthCheckService()->SetServingStatus(false);
+          health.SetServing(false);
           batcher->Close(absl::UnavailableError(absl::StrCat("rank ", rank, " ", how)));
           kill(getpid(), SIGTERM);  // wake the main thread's wait
         }
@@ -497,7 +500,7 @@ int RunRank(const std::vector<std::string>& args) {
   std::atomic<bool> leader_failed{false};
   Leader leader(engine, *batcher, metrics.get(), [&](const absl::Status& s) {
     leader_failed = true;
-    server->GetHealthCheckService()->SetServingStatus(false);
+    health.SetServing(false);
     metrics->SetServing(false);
     kill(getpid(), SIGTERM);
   });
@@ -509,12 +512,12 @@ int RunRank(const std::vector<std::string>& args) {
   });
   g_serving = true;
   service->SetReady(true);
-  server->GetHealthCheckService()->SetServingStatus(true);
+  health.SetServing(true);
   metrics->SetServing(true);
 
   WaitForSignals();
   const bool failed = leader_failed || group_failed;
-  server->GetHealthCheckService()->SetServingStatus(false);
+  health.SetServing(false);
   metrics->SetServing(false);
   if (failed) {
     // The group is broken: nothing more can be computed. Fail what is queued and what is in the

@@ -396,6 +396,8 @@ TEST_F(E2E, SigtermDuringStartupExitsPromptly) {
   ServerProcess p(args, dir_ + "/startup.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   ASSERT_TRUE(p.Running()) << p.Log();
+  // Listening but loading: health says NOT_SERVING (2), never SERVING.
+  EXPECT_EQ(testing::HealthStatus(Channel(target_)), 2);
   auto kids = testing::ChildPids(p.pid());
   const auto t0 = std::chrono::steady_clock::now();
   kill(p.pid(), SIGTERM);
