@@ -245,7 +245,11 @@ known=" WEIGHTS TENSOR TWIN SYNTHETIC HIDDEN_SIZE PADDED_VOCAB VOCAB_SIZE TP RAN
   TERMINATION_GRACE_SECONDS TLS_CERT TLS_KEY TLS_CLIENT_CA RESTART LOG_LEVEL EXTRA_ARGS BIN CLIENT
   DRY_RUN HEALTH_WAIT HEALTH_TARGET HEALTH_TLS_CA HEALTH_TLS_CERT HEALTH_TLS_KEY HEALTH_TLS_SERVER_NAME
   BIN_DIR SOURCE_DIR "
+# A here-string, not a process substitution: the substitution's process is not waited for and
+# would survive the exec below as an unreaped child of the server.
+drafthead_vars=$(env | grep -E '^DRAFTHEAD_[A-Z0-9_]*=' || true)
 while IFS='=' read -r name _; do
+  [ -n "$name" ] || continue
   short=${name#DRAFTHEAD_}
   case "$known" in *[[:space:]]"$short"[[:space:]]*) continue ;; esac
   if [[ $short =~ (_SERVICE_HOST|_SERVICE_PORT|^PORT|_PORT_) ]]; then
@@ -253,7 +257,7 @@ while IFS='=' read -r name _; do
   else
     warn "ignoring unknown variable $name (a typo? known: see docs/operations.md)"
   fi
-done < <(env | grep -E '^DRAFTHEAD_[A-Z0-9_]*=' || true)
+done <<<"$drafthead_vars"
 
 # NCCL in a container needs a large /dev/shm and unlimited locked memory; catch the Docker
 # defaults (64 MB, 8 MB) here rather than as an opaque "unhandled system error" at the first batch.

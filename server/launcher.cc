@@ -80,24 +80,27 @@ ChildWatcher::ChildWatcher(std::vector<pid_t> pids,
   s_->thread = std::thread([s, on_exit] {
     size_t left = s->pids.size();
     while (left > 0 && !s->stop) {
-      for (size_t i = 0; i < s->pids.size(); ++i) {
-        {
-          std::lock_guard<std::mutex> l(s->mu);
-          if (!s->alive[i]) continue;
-        }
-        int status = 0;
-        pid_t r = waitpid(s->pids[i], &status, WNOHANG);
-        if (r == s->pids[i]) {
-          {
-            std::lock_guard<std::mutex> l(s->mu);
-            s->alive[i] = false;
-          }
-          --left;
-          const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          on_exit(static_cast<int>(i) + 1, DescribeExit(status), clean);
-        }
+      // waitpid(-1): rank 0 may be a container's PID 1 and then also reaps strays (children the
+      // entrypoint left before exec'ing us) rather than leaving zombies.
+      int status = 0;
+      const pid_t r = waitpid(-1, &status, WNOHANG);
+      if (r <= 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      size_t i = 0;
+      while (i < s->pids.size() && s->pids[i] != r) ++i;
+      if (i == s->pids.size()) {
+        Log(LogLevel::kDebug, "reaped_stray_child", "pid", r);
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> l(s->mu);
+        s->alive[i] = false;
+      }
+      --left;
+      const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      on_exit(static_cast<int>(i) + 1, DescribeExit(status), clean);
     }
   });
 }
