@@ -397,7 +397,12 @@ TEST_F(E2E, SigtermDuringStartupExitsPromptly) {
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   ASSERT_TRUE(p.Running()) << p.Log();
   // Listening but loading: health says NOT_SERVING (2), never SERVING.
-  EXPECT_EQ(testing::HealthStatus(Channel(target_)), 2);
+  int health = -1;
+  for (int i = 0; i < 50 && health == -1 && p.Running(); ++i) {
+    health = testing::HealthStatus(Channel(target_));
+    if (health == -1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(health, 2);
   auto kids = testing::ChildPids(p.pid());
   const auto t0 = std::chrono::steady_clock::now();
   kill(p.pid(), SIGTERM);
