@@ -63,7 +63,8 @@ class CpuBackend : public ComputeBackend {
     payload_.resize(layout.bytes());
     logits_.resize(static_cast<size_t>(rows) * S);
 
-    // One GEMV per head over that head's rows (gathered so each weight is read once).
+    // One GEMV per head over that head's rows (gathered so each weight is read once). The common
+    // single-head batch runs straight on x and into logits_, with no gather or scatter.
     for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact}) {
       std::vector<int> idx;
       for (int i = 0; i < rows; ++i)
@@ -71,19 +72,27 @@ class CpuBackend : public ComputeBackend {
       if (idx.empty()) continue;
       if (head == RowHead::kBf16Exact && w_.bf16.empty())
         return absl::FailedPreconditionError("cpu backend: the bf16 head was not kept");
-      xg_.resize(idx.size() * K);
-      for (size_t j = 0; j < idx.size(); ++j)
-        std::memcpy(&xg_[j * K], x + static_cast<size_t>(idx[j]) * K, K * 2);
-      yg_.resize(idx.size() * S);
-      if (head == RowHead::kFp8Twin) {
-        cpu::HeadGemvFp8(xg_.data(), static_cast<int>(idx.size()), K, w_.codes.data(),
-                         w_.exps.data(), S, yg_.data(), S, pool_);
-      } else {
-        cpu::HeadGemvBf16(xg_.data(), static_cast<int>(idx.size()), K, w_.bf16.data(), S,
-                          yg_.data(), S, pool_);
+      const bool whole = static_cast<int>(idx.size()) == rows;
+      const uint16_t* xs = x;
+      float* ys = logits_.data();
+      if (!whole) {
+        xg_.resize(idx.size() * K);
+        for (size_t j = 0; j < idx.size(); ++j)
+          std::memcpy(&xg_[j * K], x + static_cast<size_t>(idx[j]) * K, K * 2);
+        yg_.resize(idx.size() * S);
+        xs = xg_.data();
+        ys = yg_.data();
       }
-      for (size_t j = 0; j < idx.size(); ++j)
-        std::memcpy(&logits_[static_cast<size_t>(idx[j]) * S], &yg_[j * S], S * 4);
+      if (head == RowHead::kFp8Twin) {
+        cpu::HeadGemvFp8(xs, static_cast<int>(idx.size()), K, w_.codes.data(), w_.exps.data(), S,
+                         ys, S, pool_);
+      } else {
+        cpu::HeadGemvBf16(xs, static_cast<int>(idx.size()), K, w_.bf16.data(), S, ys, S, pool_);
+      }
+      if (!whole) {
+        for (size_t j = 0; j < idx.size(); ++j)
+          std::memcpy(&logits_[static_cast<size_t>(idx[j]) * S], &yg_[j * S], S * 4);
+      }
     }
 
     const int64_t valid = g.valid_cols();

@@ -31,12 +31,10 @@ absl::Status RankEngine::BroadcastControl(BatchControl* ctl, std::chrono::millis
   return comm_->Broadcast(ctl, bytes, MemorySpace::kHost, timeout);
 }
 
-absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
-                                                         const uint16_t* x, void* recv) {
-  const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
+absl::Status RankEngine::ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
+                                          const PayloadLayout& layout, void* recv) {
   DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
-  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout.bytes(), recv, space_, opts_.op_timeout));
-  return payload;
+  return comm_->Gather(payload, layout.bytes(), recv, space_, opts_.op_timeout);
 }
 
 absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ctl_in,
@@ -53,14 +51,13 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ct
   x_.resize(xbytes / 2);
   std::memcpy(x_.data(), x, xbytes);
   DH_RETURN_IF_ERROR(comm_->Broadcast(x_.data(), xbytes, MemorySpace::kHost, opts_.op_timeout));
-  const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
-  const size_t total = layout.bytes() * world();
+  layout_ = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
+  const size_t total = layout_.bytes() * world();
   DH_ASSIGN_OR_RETURN(void* recv, backend_->ScratchBuffer(total, space_));
-  DH_ASSIGN_OR_RETURN(const void* unused, ComputeAndGather(ctl, x_.data(), recv));
-  (void)unused;
+  DH_RETURN_IF_ERROR(ComputeAndGather(ctl, x_.data(), layout_, recv));
   gathered_.resize(total);
   DH_RETURN_IF_ERROR(backend_->CopyToHost(gathered_.data(), recv, total, space_));
-  return Gathered{gathered_.data(), layout.bytes()};
+  return Gathered{gathered_.data(), layout_.bytes(), &layout_};
 }
 
 absl::Status RankEngine::Heartbeat() {
@@ -94,8 +91,8 @@ absl::Status RankEngine::RunWorker() {
     const size_t xbytes = static_cast<size_t>(ctl.rows) * geo_.hidden * 2;
     x_.resize(xbytes / 2);
     DH_RETURN_IF_ERROR(comm_->Broadcast(x_.data(), xbytes, MemorySpace::kHost, opts_.op_timeout));
-    auto r = ComputeAndGather(ctl, x_.data(), nullptr);
-    if (!r.ok()) return r.status();
+    layout_ = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
+    DH_RETURN_IF_ERROR(ComputeAndGather(ctl, x_.data(), layout_, nullptr));
   }
 }
 

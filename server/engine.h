@@ -62,6 +62,7 @@ class RankEngine {
   struct Gathered {
     const uint8_t* data = nullptr;
     size_t per_rank_bytes = 0;
+    const PayloadLayout* layout = nullptr;  // the batch's row offsets, valid until the next batch
   };
   absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x);
   absl::Status Heartbeat();
@@ -72,8 +73,8 @@ class RankEngine {
 
  private:
   absl::Status BroadcastControl(BatchControl* ctl, std::chrono::milliseconds timeout);
-  absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
-                                               void* recv);
+  absl::Status ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
+                                const PayloadLayout& layout, void* recv);
 
   std::unique_ptr<Collective> comm_;
   std::unique_ptr<ComputeBackend> backend_;
@@ -84,6 +85,7 @@ class RankEngine {
   MemorySpace space_ = MemorySpace::kHost;
   std::vector<uint16_t> x_;           // workers: the broadcast hidden rows
   std::vector<uint8_t> gathered_;     // rank 0: host copy of the gathered payloads
+  PayloadLayout layout_;              // the current batch's payload layout
 };
 
 }  // namespace drafthead

@@ -80,7 +80,7 @@ absl::Status Leader::RunOne(std::vector<BatchItem>& batch) {
   uint32_t row0 = 0;
   for (auto& it : batch) {
     v1::LogitsResponse resp;
-    CombineResponse(*it.req, row0, ctl_, gathered->data, gathered->per_rank_bytes,
+    CombineResponse(*it.req, row0, *gathered->layout, gathered->data, gathered->per_rank_bytes,
                     engine_.geometry(), &resp);
     row0 += it.req->rows;
     auto* timing = resp.mutable_timing();

@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -379,6 +380,19 @@ int RunRank(const std::vector<std::string>& args) {
     }
   }
 
+  // This rank's GPU: --devices[local_rank], or -1 (the backend then uses the local rank).
+  int device = -1;
+  {
+    std::vector<int> devs;
+    for (auto p : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
+      int d;
+      if (!absl::SimpleAtoi(p, &d) || d < 0)
+        return Fail("bad_flags", absl::InvalidArgumentError(absl::StrCat("--devices: '", p, "' is not a device index")));
+      devs.push_back(d);
+    }
+    if (setup.local_rank < static_cast<int>(devs.size())) device = devs[setup.local_rank];
+  }
+
   // Join the group.
   auto kv = KvClient::Connect(setup.leader, join_timeout);
   if (!kv.ok()) return Fail("join_failed", kv.status());
@@ -390,10 +404,7 @@ int RunRank(const std::vector<std::string>& args) {
     comm = std::move(*c);
   } else {
 #if defined(DRAFTHEAD_HAVE_CUDA)
-    std::vector<int> devs;
-    for (auto p : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) devs.push_back(std::stoi(std::string(p)));
-    const int dev = setup.local_rank < static_cast<int>(devs.size()) ? devs[setup.local_rank] : -1;
-    auto c = MakeNcclCollective(setup.rank, setup.world, dev, **kv, join_timeout);
+    auto c = MakeNcclCollective(setup.rank, setup.world, device, **kv, join_timeout);
     if (!c.ok()) return Fail("join_failed", c.status());
     comm = std::move(*c);
 #else
@@ -411,11 +422,7 @@ int RunRank(const std::vector<std::string>& args) {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     bopts.threads = std::max(1, hw / setup.local_ranks);
   }
-  {
-    std::vector<int> devs;
-    for (auto p : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) devs.push_back(std::stoi(std::string(p)));
-    if (setup.local_rank < static_cast<int>(devs.size())) bopts.device = devs[setup.local_rank];
-  }
+  bopts.device = device;
   std::unique_ptr<ComputeBackend> backend;
   if (backend_name == "cpu") {
     backend = MakeCpuBackend(bopts);

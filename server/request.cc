@@ -99,10 +99,9 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
   return p;
 }
 
-void CombineResponse(const PreparedRequest& req, uint32_t row0, const BatchControl& ctl,
+void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
                      const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
                      v1::LogitsResponse* resp) {
-  const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, geo.shard_rows);
   const RowTask& t = req.task;
   const int tp = geo.tp;
   const int64_t S = geo.shard_rows, V = geo.vocab_size;

@@ -33,9 +33,9 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
                                                const ServingLimits& limits);
 
 // Fills `resp` for the request whose rows are [row0, row0 + rows) of the batch, from every rank's
-// payload (`gathered`: world blocks of `per_rank_bytes`). `geo` is any rank's geometry (the group's
-// S, tp and crop).
-void CombineResponse(const PreparedRequest& req, uint32_t row0, const BatchControl& ctl,
+// payload (`gathered`: world blocks of `per_rank_bytes`, rows at `layout`'s offsets). `geo` is any
+// rank's geometry (the group's S, tp and crop).
+void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
                      const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
                      v1::LogitsResponse* resp);
 
