@@ -108,7 +108,7 @@ case "$cmd" in
     echo "== stage into $stage =="
     rm -rf "$stage"
     mkdir -p "$stage/bin"
-    for p in server/drafthead-server client/drafthead-client server/drafthead-quantize; do
+    for p in server/drafthead-server client/drafthead-client tools/drafthead-quantize; do
       [ -x "$bindir/$p" ] || die "$bindir/$p was not built"
       install -m 0755 "$bindir/$p" "$stage/bin/"
       # Keep the symbol table (readable backtraces from a crashed rank), drop DWARF (most of the size).

@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "server/batcher.h"
+#include "server/sched/batcher.h"
 
 namespace drafthead {
 namespace {
@@ -20,7 +20,7 @@ BatchItem Item(uint32_t rows, Probe* p, uint64_t id = 0) {
   BatchItem it;
   it.req = r;
   it.enqueued = Clock::now();
-  it.done = [p](const absl::Status& s, v1::LogitsResponse*) {
+  it.done = [p](const absl::Status& s, const BatchRowsResult*) {
     p->status = s;
     ++p->calls;
   };

@@ -4,5 +4,5 @@
 drafthead_add_test(cuda_kernels_test SOURCES cuda_kernels_test.cc
   LIBS drafthead_kernels_cuda drafthead_kernels_cpu CUDA::cudart CUDA::cublas LABELS cuda)
 drafthead_add_test(cuda_backend_test SOURCES cuda_backend_test.cc
-  LIBS drafthead_rank CUDA::cudart LABELS cuda)
+  LIBS drafthead_engine CUDA::cudart LABELS cuda)
 target_include_directories(cuda_backend_test PRIVATE ${DRAFTHEAD_NCCL_INCLUDE})

@@ -13,10 +13,10 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/twin.h"
 #include "kernels/numeric.h"
-#include "server/backend.h"
-#include "server/batch.h"
-#include "server/nccl_collective.h"
-#include "server/rendezvous.h"
+#include "server/backends/compute_backend.h"
+#include "server/engine/wire_format.h"
+#include "server/comm/nccl_collective.h"
+#include "server/comm/rendezvous.h"
 
 namespace drafthead {
 namespace {

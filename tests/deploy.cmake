@@ -22,4 +22,4 @@ foreach(_t deploy_entrypoint deploy_build)
   set_property(TEST ${_t} APPEND PROPERTY REQUIRED_FILES
     ${CMAKE_BINARY_DIR}/server/drafthead-server ${CMAKE_BINARY_DIR}/client/drafthead-client)
 endforeach()
-set_property(TEST deploy_build APPEND PROPERTY REQUIRED_FILES ${CMAKE_BINARY_DIR}/server/drafthead-quantize)
+set_property(TEST deploy_build APPEND PROPERTY REQUIRED_FILES ${CMAKE_BINARY_DIR}/tools/drafthead-quantize)

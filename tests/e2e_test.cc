@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "e2e_util.h"
-#include "server/weights.h"
+#include "server/weights/shard_weights.h"
 #include "server_test_util.h"
 
 namespace drafthead {
@@ -359,7 +359,7 @@ TEST_F(E2E, ShardedCheckpointDirectoryAndTwinFile) {
   }
   // drafthead-quantize then --twin: the same answers.
   const std::string twin = dir_ + "/twin.safetensors";
-  const std::string cmd = testing::BinDir() + "/server/drafthead-quantize --weights=" + ckpt +
+  const std::string cmd = testing::BinDir() + "/tools/drafthead-quantize --weights=" + ckpt +
                           " --tensor=lm_head.weight --tp=2 --out=" + twin + " > " + dir_ + "/q.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   {

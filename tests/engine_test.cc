@@ -1,5 +1,5 @@
 // The whole rank-0 data path in one process: ranks as threads over the in-process collective,
-// CPU backends on random shards, the Batcher and Leader, requests prepared from LogitsRequest
+// CPU backends on random shards, the Batcher and BatchLoop, requests prepared from LogitsRequest
 // protos. Checked against the float64 reference of the per-shard twin, for tp = 1..4, vocab crops,
 // K = 64 and K = 256, every mode, mixed batches.
 #include <gtest/gtest.h>
@@ -7,10 +7,12 @@
 #include <future>
 #include <thread>
 
-#include "inproc_collective.h"
-#include "server/batcher.h"
-#include "server/engine.h"
-#include "server/leader.h"
+#include "server/comm/inproc_collective.h"
+#include "server/sched/batcher.h"
+#include "server/engine/rank_engine.h"
+#include "server/sched/batch_loop.h"
+#include "server/api/request.h"
+#include "server/api/response.h"
 #include "server_test_util.h"
 
 namespace drafthead {
@@ -23,7 +25,7 @@ struct Group {
   std::vector<std::unique_ptr<RankEngine>> engines;
   std::vector<std::thread> workers;
   std::unique_ptr<Batcher> batcher;
-  std::unique_ptr<Leader> leader;
+  std::unique_ptr<BatchLoop> leader;
   std::thread leader_thread;
   absl::Status leader_status;
   ServingLimits limits;
@@ -64,7 +66,7 @@ std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, 
     g->workers.emplace_back([e = g->engines[r].get()] { EXPECT_TRUE(e->RunWorker().ok()); });
   bopts.max_rows = max_rows;
   g->batcher = std::make_unique<Batcher>(bopts);
-  g->leader = std::make_unique<Leader>(*g->engines[0], *g->batcher, nullptr, nullptr);
+  g->leader = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr);
   g->leader_thread = std::thread([p = g.get()] { p->leader_status = p->leader->Run(); });
   g->limits.hidden = k;
   g->limits.vocab_size = vocab;
@@ -90,9 +92,9 @@ std::future<Result> Submit(Group& g, const v1::LogitsRequest& req) {
   BatchItem it;
   it.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
   it.enqueued = Clock::now();
-  it.done = [p](const absl::Status& s, v1::LogitsResponse* r) {
+  it.done = [p, req = it.req](const absl::Status& s, const BatchRowsResult* r) {
     Result res{s, {}};
-    if (r) res.resp = *r;
+    if (r) BuildResponse(*req, *r, &res.resp);
     p->set_value(std::move(res));
   };
   g.batcher->Submit(std::move(it)).IgnoreError();
@@ -275,7 +277,7 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
   Batcher b(BatcherOptions{});
   absl::Status failure;
-  Leader leader(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
+  BatchLoop leader(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
   const auto t0 = Clock::now();
   absl::Status s = leader.Run();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
@@ -287,7 +289,7 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   p->rows = 1;
   it.req = p;
   absl::Status got;
-  it.done = [&](const absl::Status& st, v1::LogitsResponse*) { got = st; };
+  it.done = [&](const absl::Status& st, const BatchRowsResult*) { got = st; };
   b.Submit(std::move(it)).IgnoreError();
   EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
 }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 namespace st = drafthead::st;
 

@@ -11,7 +11,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/twin.h"
 #include "kernels/numeric.h"
-#include "server/weights.h"
+#include "server/weights/shard_weights.h"
 #include "st_test_util.h"
 
 namespace drafthead {
@@ -22,7 +22,7 @@ using testutil::TempDir;
 
 std::string QuantizeBinary() {
   const char* bin = std::getenv("DRAFTHEAD_BIN_DIR");
-  return bin ? std::string(bin) + "/server/drafthead-quantize" : std::string();
+  return bin ? std::string(bin) + "/tools/drafthead-quantize" : std::string();
 }
 
 int RunQuantize(const std::string& args) {

@@ -2,7 +2,7 @@
 
 #include <thread>
 
-#include "server/rendezvous.h"
+#include "server/comm/rendezvous.h"
 
 namespace drafthead {
 namespace {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "server/request.h"
+#include "server/api/request.h"
 
 namespace drafthead {
 namespace {

@@ -1,6 +1,6 @@
 // The safetensors reader against files built by an independent writer (st_test_util.h), the
 // checkpoint layouts, every malformed-header case, and the streaming writer.
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 #include <gtest/gtest.h>
 

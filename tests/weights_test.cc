@@ -1,6 +1,6 @@
 // The weights layer: head-shape probing, a rank's shard from a checkpoint or the synthetic
 // generator (only its rows, zero-padded), non-finite rejection, and the generator's statistics.
-#include "server/weights.h"
+#include "server/weights/shard_weights.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,71 @@
+#include "server/api/response.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/shard_reduce.h"
+#include "kernels/numeric.h"
+
+namespace drafthead {
+
+void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
+                     const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
+                     v1::LogitsResponse* resp) {
+  const RowTask& t = req.task;
+  const int tp = geo.tp;
+  const int64_t S = geo.shard_rows, V = geo.vocab_size;
+  resp->set_request_id(req.request_id);
+  resp->set_rows(req.rows);
+  resp->set_vocab_size(static_cast<uint32_t>(V));
+  if (t.mode == RowMode::kFullLogits) {
+    const size_t es = t.dtype == OutDType::kBf16 ? 2 : 4;
+    resp->set_logits_dtype(t.dtype == OutDType::kBf16 ? v1::BF16 : v1::FP32);
+    std::string* out = resp->mutable_logits();
+    out->resize(static_cast<size_t>(req.rows) * V * es);
+    for (uint32_t i = 0; i < req.rows; ++i) {
+      const size_t off = layout.row_offset[row0 + i];
+      for (int r = 0; r < tp; ++r) {
+        const int64_t cols = geo.ForRank(r).valid_cols();
+        if (cols <= 0) continue;
+        std::memcpy(out->data() + (static_cast<size_t>(i) * V + r * S) * es,
+                    gathered + r * per_rank_bytes + off, cols * es);
+      }
+    }
+    return;
+  }
+  resp->set_logits_dtype(v1::FP32);
+  const uint32_t k = t.k;
+  std::vector<const Candidate*> lists(tp);
+  std::vector<const SoftmaxPartial*> parts(tp);
+  std::vector<Candidate> best(k);
+  for (uint32_t i = 0; i < req.rows; ++i) {
+    const size_t off = layout.row_offset[row0 + i];
+    for (int r = 0; r < tp; ++r) {
+      const uint8_t* blk = gathered + r * per_rank_bytes + off;
+      parts[r] = reinterpret_cast<const SoftmaxPartial*>(blk);
+      lists[r] = reinterpret_cast<const Candidate*>(blk + sizeof(SoftmaxPartial));
+    }
+    cpu::MergeCandidates(lists.data(), tp, k, k, best.data());
+    cpu::SoftmaxTotal total{};
+    if (t.mode == RowMode::kTopK && t.want_probs) total = cpu::CombineSoftmax(parts.data(), tp);
+    for (uint32_t j = 0; j < k; ++j) {
+      resp->add_token_ids(best[j].id);
+      resp->add_values(best[j].logit);
+      if (t.mode == RowMode::kTopK && t.want_probs)
+        resp->add_probs(cpu::SoftmaxProb(total, best[j].logit, t.temperature));
+    }
+  }
+}
+
+void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
+                   v1::LogitsResponse* resp) {
+  CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
+                  *result.geometry, resp);
+  auto* timing = resp->mutable_timing();
+  timing->set_queue_us(result.queue_us);
+  timing->set_compute_us(result.compute_us);
+  timing->set_batch_rows(result.batch_rows);
+}
+
+}  // namespace drafthead

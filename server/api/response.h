@@ -1,0 +1,27 @@
+// The RPC edge's way out: every rank's gathered payload combined into one request's
+// LogitsResponse (full logits concatenated and cropped, candidates merged, probs normalized).
+// Pure functions, no threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "drafthead/v1/drafthead.pb.h"
+#include "server/engine/shard_geometry.h"
+#include "server/engine/wire_format.h"
+#include "server/sched/prepared_request.h"
+
+namespace drafthead {
+
+// Fills `resp` for the request whose rows are [row0, row0 + rows) of the batch, from every rank's
+// payload (`gathered`: world blocks of `per_rank_bytes`, rows at `layout`'s offsets). `geo` is any
+// rank's geometry (the group's S, tp and crop).
+void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
+                     const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
+                     v1::LogitsResponse* resp);
+
+// CombineResponse from a batch result, plus the response's Timing.
+void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
+                   v1::LogitsResponse* resp);
+
+}  // namespace drafthead

@@ -1,0 +1,222 @@
+#include "server/api/service.h"
+
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "server/api/response.h"
+
+namespace drafthead {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
+                      std::string(s.message()));
+}
+
+namespace {
+
+const char* RequestModeName(const v1::LogitsRequest& req) {
+  switch (req.mode()) {
+    case v1::FULL_LOGITS: return "full_logits";
+    case v1::TOP_K: return "top_k";
+    case v1::ARGMAX: return "argmax";
+    case v1::SAMPLE: return "sample";
+    default: return "invalid";
+  }
+}
+
+Clock::time_point SteadyDeadline(grpc::CallbackServerContext* ctx) {
+  const auto d = ctx->deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
+  const auto left = d - std::chrono::system_clock::now();
+  if (left > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+}  // namespace
+
+DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info,
+                                   Metrics* metrics)
+    : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {}
+
+void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
+                              std::function<void(const absl::Status&, v1::LogitsResponse*)> done) {
+  const auto arrived = Clock::now();
+  const std::string mode = RequestModeName(req);
+  const uint32_t rows = req.rows();
+  Metrics* metrics = metrics_;
+  auto record = [metrics, mode, rows, arrived, done = std::move(done)](
+                    const absl::Status& s, v1::LogitsResponse* resp) {
+    if (metrics) {
+      metrics->RecordRequest(mode, static_cast<int>(s.code()), rows);
+      if (s.ok() && resp != nullptr) {
+        const double total = std::chrono::duration<double>(Clock::now() - arrived).count();
+        metrics->RecordLatency(resp->timing().queue_us() * 1e-6, total);
+      }
+    }
+    done(s, resp);
+  };
+  if (draining_) {
+    record(absl::UnavailableError("the server is draining (shutting down)"), nullptr);
+    return;
+  }
+  if (!ready_) {
+    record(absl::UnavailableError("the rank group is not ready (weights still loading)"), nullptr);
+    return;
+  }
+  auto prepared = PrepareRequest(req, limits_);
+  if (!prepared.ok()) {
+    record(prepared.status(), nullptr);
+    return;
+  }
+  BatchItem item;
+  item.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
+  item.enqueued = arrived;
+  item.deadline = SteadyDeadline(ctx);
+  item.cancelled = [ctx] { return ctx->IsCancelled(); };
+  item.done = [req = item.req, record = std::move(record)](const absl::Status& s,
+                                                           const BatchRowsResult* result) {
+    if (!s.ok() || result == nullptr) return record(s, nullptr);
+    v1::LogitsResponse resp;
+    BuildResponse(*req, *result, &resp);
+    record(s, &resp);
+  };
+  batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome
+}
+
+grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerContext* ctx,
+                                                          const v1::LogitsRequest* req,
+                                                          v1::LogitsResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Submit(ctx, *req, [reactor, resp](const absl::Status& s, v1::LogitsResponse* r) {
+    if (s.ok() && r != nullptr) resp->Swap(r);
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DraftHeadService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                         const v1::ModelInfoRequest*,
+                                                         v1::ModelInfo* resp) {
+  *resp = info_;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+// One stream: requests are read continuously and queued as they come (so a stream's requests
+// batch with each other and with everyone else's); answers are written strictly in request order.
+// A bad or failed request is answered in-band (LogitsResponse.error) and the stream goes on.
+class DraftHeadService::StreamReactor
+    : public grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse> {
+ public:
+  static constexpr size_t kMaxInFlight = 256;  // stop reading past this many unanswered
+
+  StreamReactor(DraftHeadService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
+    reading_ = true;
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool finish;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        reading_ = false;
+        reads_done_ = true;
+        finish = PumpLocked();
+      }
+      if (finish) Finish(grpc::Status::OK);
+      return;
+    }
+    std::shared_ptr<Slot> slot = std::make_shared<Slot>();
+    slot->resp.set_request_id(req_.request_id());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      slots_.push_back(slot);
+      ++outstanding_;
+    }
+    svc_->Submit(ctx_, req_, [this, slot](const absl::Status& s, v1::LogitsResponse* r) {
+      if (s.ok() && r != nullptr) {
+        slot->resp.Swap(r);
+      } else {
+        slot->resp.mutable_error()->set_code(static_cast<int>(s.code()));
+        slot->resp.mutable_error()->set_message(std::string(s.message()));
+      }
+      bool finish;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        slot->ready = true;
+        --outstanding_;
+        finish = PumpLocked();
+      }
+      if (finish) Finish(grpc::Status::OK);
+    });
+    bool finish;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      reading_ = false;
+      finish = PumpLocked();
+    }
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      writing_ = false;
+      slots_.pop_front();
+      if (!ok) broken_ = true;
+      finish = PumpLocked();
+    }
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Slot {
+    v1::LogitsResponse resp;
+    bool ready = false;
+  };
+
+  // Starts the next write / read as allowed; returns true when the caller must Finish (outside
+  // the lock: Finish may lead to OnDone, which deletes this).
+  bool PumpLocked() {
+    if (!writing_ && !slots_.empty() && slots_.front()->ready) {
+      if (broken_) {
+        // The client is gone: drop answers nobody can read.
+        while (!slots_.empty() && slots_.front()->ready) slots_.pop_front();
+      } else {
+        writing_ = true;
+        StartWrite(&slots_.front()->resp);
+      }
+    }
+    if (!reading_ && !reads_done_ && !broken_ && slots_.size() < kMaxInFlight) {
+      reading_ = true;
+      StartRead(&req_);
+    }
+    if (finished_ || writing_ || outstanding_ > 0 || !slots_.empty()) return false;
+    if (!reads_done_ && !broken_) return false;
+    if (reading_) return false;  // a pending read completes (ok=false) once the stream ends
+    finished_ = true;
+    return true;
+  }
+
+  DraftHeadService* svc_;
+  grpc::CallbackServerContext* ctx_;
+  v1::LogitsRequest req_;
+  std::mutex mu_;
+  std::deque<std::shared_ptr<Slot>> slots_;
+  size_t outstanding_ = 0;
+  bool reading_ = false, reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
+};
+
+grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* DraftHeadService::StreamLogits(
+    grpc::CallbackServerContext* ctx) {
+  return new StreamReactor(this, ctx);
+}
+
+}  // namespace drafthead

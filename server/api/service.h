@@ -1,0 +1,55 @@
+// The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API. Every RPC validates its
+// request (server/api/request.h), hands it to the Batcher and completes from the engine thread; no
+// handler blocks. absl::Status is converted to grpc::Status here and only here.
+//
+// Threads: gRPC's callback threads; the service is thread-safe. Lifetime: outlives the server.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "drafthead/v1/drafthead.grpc.pb.h"
+#include "server/sched/batcher.h"
+#include "server/sched/metrics.h"
+#include "server/api/request.h"
+
+namespace drafthead {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+class DraftHeadService final : public v1::DraftHead::CallbackService {
+ public:
+  DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info, Metrics* metrics);
+
+  // Until ready, logits RPCs answer UNAVAILABLE (weights still loading) and health is NOT_SERVING.
+  void SetReady(bool ready) { ready_ = ready; }
+  // While draining, new requests are refused with UNAVAILABLE; in-flight ones complete.
+  void SetDraining() { draining_ = true; }
+
+  grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
+                                          const v1::LogitsRequest* req,
+                                          v1::LogitsResponse* resp) override;
+  grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* StreamLogits(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::ModelInfoRequest* req,
+                                         v1::ModelInfo* resp) override;
+
+  // Validates and queues one request; `done` is called exactly once (possibly before Submit
+  // returns) with the result.
+  void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
+              std::function<void(const absl::Status&, v1::LogitsResponse*)> done);
+
+ private:
+  class StreamReactor;
+
+  Batcher& batcher_;
+  ServingLimits limits_;
+  v1::ModelInfo info_;
+  Metrics* metrics_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace drafthead

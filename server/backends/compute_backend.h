@@ -1,0 +1,58 @@
+// A compute backend holds one rank's shard (the fp8 twin, optionally the bf16 head) and turns a
+// batch of hidden rows into this rank's payload (server/batch.h): its slice of the full logits for
+// FULL_LOGITS rows, k candidates and a softmax partial for reduction rows.
+// Implementations: cpu_backend.cc, cuda_backend.cc (CUDA builds).
+//
+// Threads: one caller (the rank's engine thread). Failure: statuses, never exceptions or aborts.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/engine/wire_format.h"
+#include "server/comm/collective.h"
+#include "server/engine/shard_geometry.h"
+
+namespace drafthead {
+
+struct BackendOptions {
+  int threads = 0;       // CPU: worker threads (0: all hardware threads)
+  int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
+  bool keep_bf16 = false;
+};
+
+struct LoadReport {
+  double twin_seconds = 0;  // time spent building the twin (0 when loaded from --twin)
+  size_t device_bytes = 0;  // weight bytes resident for this rank
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+
+  // Takes ownership of the shard. Builds the twin when w.codes is empty; keeps the bf16 head
+  // only when options.keep_bf16 (otherwise frees it). Refuses shapes it cannot serve.
+  virtual absl::StatusOr<LoadReport> Load(ShardWeights w) = 0;
+  virtual bool has_bf16() const = 0;
+
+  // Computes this rank's payload for ctl.rows rows of x (bf16 bits [rows, K], host memory) in the
+  // layout MakePayloadLayout(ctl.tasks, rows, S) gives. The result lives in a backend-owned buffer
+  // in `space` (kDevice only for backends with device memory), valid until the next Run.
+  virtual absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
+                                          MemorySpace space) = 0;
+
+  // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target), valid until the
+  // next call to ScratchBuffer; and a copy from it to host memory.
+  virtual absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) = 0;
+};
+
+std::unique_ptr<ComputeBackend> MakeCpuBackend(const BackendOptions& options);
+// Returns an error in builds without CUDA.
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const BackendOptions& options,
+                                                                int local_rank);
+
+}  // namespace drafthead

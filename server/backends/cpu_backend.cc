@@ -1,0 +1,164 @@
+// ComputeBackend on the CPU: the twin (and optionally the bf16 head) in host memory, the AVX2
+// GEMV of kernels/cpu, per-row reductions spread over the thread pool.
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/head_gemv.h"
+#include "kernels/cpu/shard_reduce.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/twin.h"
+#include "server/backends/compute_backend.h"
+
+namespace drafthead {
+namespace {
+
+class CpuBackend : public ComputeBackend {
+ public:
+  explicit CpuBackend(const BackendOptions& o) : opts_(o), pool_(o.threads) {}
+
+  std::string name() const override { return "cpu"; }
+  bool has_bf16() const override { return !w_.bf16.empty(); }
+
+  absl::StatusOr<LoadReport> Load(ShardWeights w) override {
+    const ShardGeometry& g = w.geo;
+    if (g.hidden <= 0 || g.hidden % 32 != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("cpu backend: hidden size ", g.hidden, " is not a positive multiple of 32"));
+    const size_t elems = static_cast<size_t>(g.shard_rows) * g.hidden;
+    const size_t exp_elems = static_cast<size_t>(cpu::TwinExpRows(g.shard_rows)) * (g.hidden / 32);
+    LoadReport rep;
+    if (w.codes.empty()) {
+      if (w.bf16.size() != elems)
+        return absl::InvalidArgumentError("cpu backend: neither a twin nor a full bf16 shard given");
+      const auto t0 = std::chrono::steady_clock::now();
+      w.codes.resize(elems);
+      w.exps.resize(exp_elems);
+      cpu::MakeTwin(w.bf16.data(), g.shard_rows, g.hidden, w.codes.data(), w.exps.data(), pool_);
+      rep.twin_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else if (w.codes.size() != elems || w.exps.size() != exp_elems) {
+      return absl::InvalidArgumentError("cpu backend: twin shape does not match the shard");
+    }
+    if (!opts_.keep_bf16) {
+      w.bf16.clear();
+      w.bf16.shrink_to_fit();
+    } else if (w.bf16.size() != elems) {
+      return absl::InvalidArgumentError("cpu backend: --keep-bf16 needs the bf16 shard");
+    }
+    w_ = std::move(w);
+    rep.device_bytes = w_.codes.size() + w_.exps.size() + w_.bf16.size() * 2;
+    return rep;
+  }
+
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
+                                  MemorySpace space) override {
+    if (space != MemorySpace::kHost)
+      return absl::InvalidArgumentError("cpu backend: payloads live in host memory");
+    const ShardGeometry& g = w_.geo;
+    const int rows = static_cast<int>(ctl.rows);
+    const int64_t S = g.shard_rows, K = g.hidden;
+    const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
+    payload_.resize(layout.bytes());
+    logits_.resize(static_cast<size_t>(rows) * S);
+
+    // One GEMV per head over that head's rows (gathered so each weight is read once). The common
+    // single-head batch runs straight on x and into logits_, with no gather or scatter.
+    for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact}) {
+      std::vector<int> idx;
+      for (int i = 0; i < rows; ++i)
+        if (ctl.tasks[i].head == head) idx.push_back(i);
+      if (idx.empty()) continue;
+      if (head == RowHead::kBf16Exact && w_.bf16.empty())
+        return absl::FailedPreconditionError("cpu backend: the bf16 head was not kept");
+      const bool whole = static_cast<int>(idx.size()) == rows;
+      const uint16_t* xs = x;
+      float* ys = logits_.data();
+      if (!whole) {
+        xg_.resize(idx.size() * K);
+        for (size_t j = 0; j < idx.size(); ++j)
+          std::memcpy(&xg_[j * K], x + static_cast<size_t>(idx[j]) * K, K * 2);
+        yg_.resize(idx.size() * S);
+        xs = xg_.data();
+        ys = yg_.data();
+      }
+      if (head == RowHead::kFp8Twin) {
+        cpu::HeadGemvFp8(xs, static_cast<int>(idx.size()), K, w_.codes.data(), w_.exps.data(), S,
+                         ys, S, pool_);
+      } else {
+        cpu::HeadGemvBf16(xs, static_cast<int>(idx.size()), K, w_.bf16.data(), S, ys, S, pool_);
+      }
+      if (!whole) {
+        for (size_t j = 0; j < idx.size(); ++j)
+          std::memcpy(&logits_[static_cast<size_t>(idx[j]) * S], &yg_[j * S], S * 4);
+      }
+    }
+
+    const int64_t valid = g.valid_cols();
+    const int32_t base = static_cast<int32_t>(g.row_begin());
+    pool_.ParallelFor(rows, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        const RowTask& t = ctl.tasks[i];
+        const float* y = &logits_[static_cast<size_t>(i) * S];
+        uint8_t* out = payload_.data() + layout.row_offset[i];
+        if (t.mode == RowMode::kFullLogits) {
+          if (t.dtype == OutDType::kFp32) {
+            std::memcpy(out, y, S * 4);
+          } else {
+            uint16_t* o = reinterpret_cast<uint16_t*>(out);
+            for (int64_t j = 0; j < S; ++j) o[j] = FloatToBf16(y[j]);
+          }
+          continue;
+        }
+        auto* part = reinterpret_cast<SoftmaxPartial*>(out);
+        auto* cand = reinterpret_cast<Candidate*>(out + sizeof(SoftmaxPartial));
+        *part = SoftmaxPartial{0.f, 0.f};
+        switch (t.mode) {
+          case RowMode::kTopK:
+            cpu::ShardTopK(y, valid, base, t.k, t.temperature, cand, part);
+            break;
+          case RowMode::kArgmax:
+            cpu::ShardArgmax(y, valid, base, cand);
+            break;
+          case RowMode::kSample:
+            cpu::ShardSample(y, valid, base, t.temperature, t.seed, t.row_in_request, cand);
+            break;
+          default:
+            break;
+        }
+      }
+    });
+    return static_cast<const void*>(payload_.data());
+  }
+
+  absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
+    if (space != MemorySpace::kHost)
+      return absl::InvalidArgumentError("cpu backend: no device memory");
+    scratch_.resize(bytes);
+    return static_cast<void*>(scratch_.data());
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) override {
+    if (space != MemorySpace::kHost)
+      return absl::InvalidArgumentError("cpu backend: no device memory");
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  BackendOptions opts_;
+  cpu::ThreadPool pool_;
+  ShardWeights w_;
+  std::vector<uint8_t> payload_, scratch_;
+  std::vector<float> logits_, yg_;
+  std::vector<uint16_t> xg_;
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> MakeCpuBackend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace drafthead

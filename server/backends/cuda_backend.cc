@@ -1,0 +1,322 @@
+// ComputeBackend on one CUDA GPU (CUDA builds only; server/backend.cc answers the non-CUDA case).
+// Device memory holds the fp8 twin (built on the GPU from the bf16 shard, or uploaded from
+// --twin), optionally the bf16 shard (--keep-bf16), and grow-only work buffers: x, the fp32
+// logits of the batch, the payload. Host traffic goes through pinned staging buffers: one upload
+// of (x rows grouped by head + the per-row epilogue descriptors) and, for kHost, one download of
+// the payload per Run.
+//
+// Threads: one caller at a time (the rank's engine thread); every entry point makes the backend's
+// device current first, so the caller need not. Failure: absl::Status naming the failing
+// statement, file:line and rank; a failed CUDA call may leave the device unusable (sticky
+// errors), so the engine should treat a non-OK Run as fatal for the rank.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/head_bf16.cuh"
+#include "kernels/cuda/head_gemv.cuh"
+#include "kernels/cuda/shard_reduce.cuh"
+#include "kernels/cuda/twin.cuh"
+#include "server/backends/compute_backend.h"
+#include "common/status_macros.h"
+
+namespace drafthead {
+namespace {
+
+absl::Status CudaStatus(cudaError_t e, const char* stmt, const char* file, int line, int rank) {
+  const std::string msg = absl::StrCat("CUDA error: ", FailureSite(stmt, file, line, rank), ": ",
+                                       cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  switch (e) {
+    case cudaErrorMemoryAllocation: return absl::ResourceExhaustedError(msg);
+    case cudaErrorInvalidValue: return absl::InvalidArgumentError(msg);
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice: return absl::FailedPreconditionError(msg);
+    default: return absl::InternalError(msg);
+  }
+}
+
+absl::Status CublasStatus(cublasStatus_t s, const char* stmt, const char* file, int line,
+                          int rank) {
+  const std::string msg = absl::StrCat("cuBLAS error: ", FailureSite(stmt, file, line, rank), ": ",
+                                       cublasGetStatusName(s), " (", cublasGetStatusString(s), ")");
+  return s == CUBLAS_STATUS_INVALID_VALUE ? absl::InvalidArgumentError(msg)
+                                          : absl::InternalError(msg);
+}
+
+#define DH_CUDA_CHECK(expr)                                                         \
+  do {                                                                              \
+    const cudaError_t dh_ce_ = (expr);                                              \
+    if (dh_ce_ != cudaSuccess) return CudaStatus(dh_ce_, #expr, __FILE__, __LINE__, rank_); \
+  } while (0)
+
+#define DH_CUBLAS_CHECK(expr)                                                         \
+  do {                                                                                \
+    const cublasStatus_t dh_bs_ = (expr);                                             \
+    if (dh_bs_ != CUBLAS_STATUS_SUCCESS)                                              \
+      return CublasStatus(dh_bs_, #expr, __FILE__, __LINE__, rank_);                  \
+  } while (0)
+
+// Grow-only device / pinned-host allocations (never shrink: batches vary from step to step).
+struct DeviceMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~DeviceMem() { Free(); }
+  void Free() {
+    if (p) cudaFree(p);
+    p = nullptr;
+    bytes = 0;
+  }
+  cudaError_t Reserve(size_t n) {
+    if (n <= bytes) return cudaSuccess;
+    Free();
+    const size_t want = std::max<size_t>(n, 256);
+    const cudaError_t e = cudaMalloc(&p, want);
+    if (e == cudaSuccess) bytes = want;
+    return e;
+  }
+};
+
+struct PinnedMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~PinnedMem() { Free(); }
+  void Free() {
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+    bytes = 0;
+  }
+  cudaError_t Reserve(size_t n) {
+    if (n <= bytes) return cudaSuccess;
+    Free();
+    const size_t want = std::max<size_t>(n + n / 4, 4096);  // headroom: fewer re-allocations
+    const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
+    if (e == cudaSuccess) bytes = want;
+    return e;
+  }
+};
+
+size_t Align16(size_t n) { return (n + 15) & ~size_t{15}; }
+
+class CudaBackend : public ComputeBackend {
+ public:
+  CudaBackend(const BackendOptions& o, int local_rank) : opts_(o), rank_(local_rank) {}
+
+  ~CudaBackend() override {
+    if (device_ >= 0) cudaSetDevice(device_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    int count = 0;
+    DH_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (count < 1) return absl::FailedPreconditionError("cuda backend: no CUDA device visible");
+    // -1: the rank's local index; ranks share GPUs round robin when a host has fewer GPUs than
+    // local ranks (e.g. --tp=4 on one GPU for testing).
+    const int dev = opts_.device >= 0 ? opts_.device : rank_ % count;
+    if (dev < 0 || dev >= count)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda backend (rank ", rank_, "): device ", dev, " requested but ", count,
+          " visible (--device or the rank's local index picks one GPU per rank)"));
+    device_ = dev;
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DH_CUBLAS_CHECK(cublasCreate(&cublas_));
+    DH_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return "cuda"; }
+  bool has_bf16() const override { return bf16_.p != nullptr; }
+
+  absl::StatusOr<LoadReport> Load(ShardWeights w) override {
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    const ShardGeometry& g = w.geo;
+    if (g.hidden <= 0 || g.hidden % 32 != 0 || g.shard_rows <= 0)
+      return absl::InvalidArgumentError(absl::StrCat("cuda backend (rank ", rank_,
+                                                     "): hidden size ", g.hidden,
+                                                     " must be a positive multiple of 32 and the "
+                                                     "shard non-empty (rows ", g.shard_rows, ")"));
+    const int64_t S = g.shard_rows, K = g.hidden;
+    const size_t elems = static_cast<size_t>(S) * K;
+    const size_t exp_elems = static_cast<size_t>((S + 31) / 32) * (K / 32);
+    const bool have_bf16 = w.bf16.size() == elems;
+    if (!w.bf16.empty() && !have_bf16)
+      return absl::InvalidArgumentError("cuda backend: the bf16 shard has the wrong size");
+    if (w.codes.empty() && !have_bf16)
+      return absl::InvalidArgumentError("cuda backend: neither a twin nor a full bf16 shard given");
+    if (opts_.keep_bf16 && !have_bf16)
+      return absl::InvalidArgumentError("cuda backend: --keep-bf16 needs the bf16 shard");
+    if (!w.codes.empty() && (w.codes.size() != elems || w.exps.size() != exp_elems))
+      return absl::InvalidArgumentError("cuda backend: twin shape does not match the shard");
+
+    LoadReport rep;
+    bf16_.Free();
+    DH_CUDA_CHECK(codes_.Reserve(elems));
+    DH_CUDA_CHECK(exps_.Reserve(exp_elems));
+    std::vector<uint8_t> host_exps;
+    if (have_bf16 && (w.codes.empty() || opts_.keep_bf16)) {
+      DH_CUDA_CHECK(bf16_.Reserve(elems * 2));
+      DH_CUDA_CHECK(cudaMemcpy(bf16_.p, w.bf16.data(), elems * 2, cudaMemcpyHostToDevice));
+    }
+    if (w.codes.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      DH_CUDA_CHECK(cuda::MakeTwin(static_cast<const uint16_t*>(bf16_.p), S, K,
+                                   static_cast<uint8_t*>(codes_.p), static_cast<uint8_t*>(exps_.p),
+                                   stream_));
+      DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      rep.twin_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      host_exps.resize(exp_elems);
+      DH_CUDA_CHECK(cudaMemcpy(host_exps.data(), exps_.p, exp_elems, cudaMemcpyDeviceToHost));
+    } else {
+      DH_CUDA_CHECK(cudaMemcpy(codes_.p, w.codes.data(), elems, cudaMemcpyHostToDevice));
+      DH_CUDA_CHECK(cudaMemcpy(exps_.p, w.exps.data(), exp_elems, cudaMemcpyHostToDevice));
+      host_exps = std::move(w.exps);
+    }
+    // Blocks with |w| >= 448 * 2^15 need the exact CUDA-core GEMV (kernels/cuda/head_gemv.cuh).
+    fast_path_ = cuda::Fp8TwinFitsFastPath(host_exps.data(), static_cast<int64_t>(host_exps.size()));
+    if (!opts_.keep_bf16) bf16_.Free();
+    geo_ = g;
+    loaded_ = true;
+    rep.device_bytes = elems + exp_elems + (bf16_.p ? elems * 2 : 0);
+    return rep;
+  }
+
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
+                                  MemorySpace space) override {
+    if (!loaded_) return absl::FailedPreconditionError("cuda backend: Run before Load");
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    const int rows = static_cast<int>(ctl.rows);
+    if (rows < 1 || rows > kMaxRowsLimit)
+      return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
+    const int64_t S = geo_.shard_rows, K = geo_.hidden;
+    const int64_t ldy = (S + 3) / 4 * 4;  // 16-byte aligned logit rows for vector access
+    const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
+    const size_t xbytes = static_cast<size_t>(rows) * K * 2;
+    const size_t desc_off = Align16(xbytes);
+    const size_t stage_bytes = desc_off + rows * sizeof(cuda::ReduceRow);
+
+    DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
+    DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
+    DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * ldy * 4));
+    DH_CUDA_CHECK(payload_.Reserve(std::max<size_t>(layout.bytes(), 16)));
+    const size_t scratch_bytes = cuda::EpilogueScratchBytes(geo_.valid_cols(), rows);
+    DH_CUDA_CHECK(escratch_.Reserve(std::max<size_t>(scratch_bytes, 16)));
+
+    // Group rows by head so each head's weights are read once; y rows follow that order.
+    auto* sx = static_cast<uint16_t*>(stage_.p);
+    auto* desc = reinterpret_cast<cuda::ReduceRow*>(static_cast<uint8_t*>(stage_.p) + desc_off);
+    int n_fp8 = 0, n_bf16 = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      const RowHead head = pass == 0 ? RowHead::kFp8Twin : RowHead::kBf16Exact;
+      for (int i = 0; i < rows; ++i) {
+        const RowTask& t = ctl.tasks[i];
+        if (t.head != head) continue;
+        const int yr = n_fp8 + n_bf16;
+        (pass == 0 ? n_fp8 : n_bf16)++;
+        std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
+        cuda::ReduceRow& d = desc[i];
+        d = cuda::ReduceRow{};
+        d.y_row = yr;
+        d.mode = static_cast<uint8_t>(t.mode);
+        d.out_bf16 = t.dtype == OutDType::kBf16;
+        d.k = t.mode == RowMode::kFullLogits ? 0 : t.k;
+        d.temperature = t.temperature;
+        d.row_in_request = t.row_in_request;
+        d.seed = t.seed;
+        d.out_offset = layout.row_offset[i];
+      }
+    }
+    if (n_fp8 + n_bf16 != rows)
+      return absl::InvalidArgumentError("cuda backend: a row names an unknown head");
+    if (n_bf16 > 0 && !bf16_.p)
+      return absl::FailedPreconditionError(
+          "cuda backend: BF16_EXACT rows but the bf16 head was not kept (--keep-bf16)");
+    if (cuda::ValidateReduceRows(desc, rows) != cudaSuccess)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda backend: a row has an unknown mode, k outside 1..", cuda::kMaxTopK,
+          " (1 for ARGMAX / SAMPLE) or a temperature <= 0"));
+
+    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, stage_bytes, cudaMemcpyHostToDevice, stream_));
+    const auto* dx = static_cast<const uint16_t*>(dstage_.p);
+    auto* y = static_cast<float*>(y_.p);
+    if (n_fp8 > 0) {
+      DH_CUDA_CHECK(cuda::HeadGemvFp8(dx, n_fp8, K, static_cast<const uint8_t*>(codes_.p),
+                                      static_cast<const uint8_t*>(exps_.p), S, y, ldy, fast_path_,
+                                      stream_));
+    }
+    if (n_bf16 > 0) {
+      DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(n_fp8) * K, n_bf16, K,
+                                         static_cast<const uint16_t*>(bf16_.p), S,
+                                         y + static_cast<size_t>(n_fp8) * ldy, ldy, stream_));
+    }
+    const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
+        static_cast<const uint8_t*>(dstage_.p) + desc_off);
+    DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
+                                      static_cast<int32_t>(geo_.row_begin()), ddesc, rows,
+                                      static_cast<uint8_t*>(payload_.p), escratch_.p,
+                                      escratch_.bytes, stream_, desc));
+    if (space == MemorySpace::kHost) {
+      DH_CUDA_CHECK(hpayload_.Reserve(std::max<size_t>(layout.bytes(), 16)));
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, layout.bytes(),
+                                    cudaMemcpyDeviceToHost, stream_));
+    }
+    // Synchronous at the end: the staging buffers are reused by the next Run and a collective on
+    // another stream may read the payload next.
+    DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<const void*>(space == MemorySpace::kHost ? hpayload_.p : payload_.p);
+  }
+
+  absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    if (space == MemorySpace::kDevice) {
+      DH_CUDA_CHECK(dscratch_.Reserve(std::max<size_t>(bytes, 16)));
+      return dscratch_.p;
+    }
+    DH_CUDA_CHECK(hscratch_.Reserve(std::max<size_t>(bytes, 16)));
+    return hscratch_.p;
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (space == MemorySpace::kHost) {
+      if (dst != src) std::memcpy(dst, src, bytes);
+      return absl::OkStatus();
+    }
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    DH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  BackendOptions opts_;
+  int rank_;
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  ShardGeometry geo_;
+  bool loaded_ = false;
+  bool fast_path_ = true;
+  DeviceMem codes_, exps_, bf16_;        // the shard
+  DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
+  PinnedMem stage_, hpayload_, hscratch_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const BackendOptions& options,
+                                                                int local_rank) {
+  auto b = std::make_unique<CudaBackend>(options, local_rank);
+  DH_RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<ComputeBackend>(std::move(b));
+}
+
+}  // namespace drafthead

@@ -1,0 +1,143 @@
+#include "server/comm/gloo_collective.h"
+
+#include <cstring>
+
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace drafthead {
+namespace {
+
+// gloo::rendezvous::Store over the leader's key-value store. Gloo reports store failures by
+// exception; they are caught by MakeGlooCollective.
+class KvGlooStore : public gloo::rendezvous::Store {
+ public:
+  KvGlooStore(KvClient& kv, std::chrono::milliseconds timeout) : kv_(kv), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = kv_.Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw gloo::IoException(std::string(s.message()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = kv_.Get(key, timeout_);
+    if (!v.ok()) throw gloo::IoException(std::string(v.status().message()));
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    for (const auto& k : keys) {
+      auto v = kv_.Get(k, t);
+      if (!v.ok()) throw gloo::IoException(std::string(v.status().message()));
+    }
+  }
+
+ private:
+  KvClient& kv_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Gloo throws on I/O failure and timeouts; map them to statuses once, here.
+#define DH_GLOO_CHECK(stmt, rank)                                                             \
+  do {                                                                                        \
+    try {                                                                                     \
+      stmt;                                                                                   \
+    } catch (const gloo::IoException& e) {                                                    \
+      broken_ = true;                                                                         \
+      const std::string what = e.what();                                                      \
+      const bool timed_out = what.find("Timed out") != std::string::npos ||                   \
+                             what.find("timed out") != std::string::npos;                     \
+      const std::string msg = absl::StrCat("gloo: ", FailureSite(#stmt, __FILE__, __LINE__, rank), \
+                                           ": ", what);                                       \
+      return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);      \
+    } catch (const std::exception& e) {                                                       \
+      broken_ = true;                                                                         \
+      return absl::UnavailableError(                                                          \
+          absl::StrCat("gloo: ", FailureSite(#stmt, __FILE__, __LINE__, rank), ": ", e.what())); \
+    }                                                                                         \
+  } while (0)
+
+class GlooCollective : public Collective {
+ public:
+  explicit GlooCollective(std::shared_ptr<gloo::rendezvous::Context> ctx) : ctx_(std::move(ctx)) {}
+
+  int rank() const override { return ctx_->rank; }
+  int world() const override { return ctx_->size; }
+  std::string name() const override { return "gloo"; }
+
+  absl::Status Broadcast(void* data, size_t bytes, MemorySpace space,
+                         std::chrono::milliseconds timeout) override {
+    DH_RETURN_IF_ERROR(Usable(space));
+    if (world() == 1 || bytes == 0) return absl::OkStatus();
+    gloo::BroadcastOptions opts(ctx_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(0);
+    opts.setTag(NextTag());
+    opts.setTimeout(timeout);
+    DH_GLOO_CHECK(gloo::broadcast(opts), rank());
+    return absl::OkStatus();
+  }
+
+  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                      std::chrono::milliseconds timeout) override {
+    DH_RETURN_IF_ERROR(Usable(space));
+    if (world() == 1) {
+      if (bytes > 0 && recv != send) std::memcpy(recv, send, bytes);
+      return absl::OkStatus();
+    }
+    if (bytes == 0) return absl::OkStatus();
+    gloo::GatherOptions opts(ctx_);
+    // Gloo's API takes a non-const input pointer but only reads it.
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), bytes);
+    if (rank() == 0) opts.setOutput(static_cast<uint8_t*>(recv), bytes * world());
+    opts.setRoot(0);
+    opts.setTag(NextTag());
+    opts.setTimeout(timeout);
+    DH_GLOO_CHECK(gloo::gather(opts), rank());
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Usable(MemorySpace space) const {
+    if (broken_) return absl::UnavailableError("gloo: the group is broken by an earlier failure");
+    if (space != MemorySpace::kHost)
+      return absl::InvalidArgumentError("gloo: buffers must be in host memory");
+    return absl::OkStatus();
+  }
+  uint32_t NextTag() { return tag_++ & 0x7fffffffu; }
+
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  uint32_t tag_ = 1;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Collective>> MakeGlooCollective(int rank, int world,
+                                                               const std::string& bind_host,
+                                                               KvClient& store,
+                                                               std::chrono::milliseconds timeout) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = bind_host;
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    KvGlooStore kv(store, timeout);
+    gloo::rendezvous::PrefixStore prefixed("gloo", kv);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, world);
+    ctx->setTimeout(timeout);
+    ctx->connectFullMesh(prefixed, dev);
+    return std::unique_ptr<Collective>(new GlooCollective(std::move(ctx)));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("gloo: rank ", rank, " of ", world,
+                                               " could not join the group: ", e.what()));
+  }
+}
+
+}  // namespace drafthead

@@ -1,0 +1,92 @@
+// An in-process Collective for unit tests: `world` ranks as threads of one process, exchanging
+// through shared memory with a generation barrier. Honors timeouts (DEADLINE_EXCEEDED) so tests
+// can exercise a rank that stops answering.
+#pragma once
+
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/comm/collective.h"
+
+namespace drafthead::testing {
+
+class InProcGroup {
+ public:
+  explicit InProcGroup(int world) : world_(world), slots_(world) {}
+
+  // Every rank calls with its buffer; the last arrival runs fn over all slots, then all leave.
+  absl::Status Exchange(int rank, void* buf, size_t bytes, std::chrono::milliseconds timeout,
+                        const std::function<void(std::vector<std::pair<void*, size_t>>&)>& fn) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (broken_) return absl::UnavailableError("inproc: group broken");
+    const uint64_t gen = gen_;
+    slots_[rank] = {buf, bytes};
+    if (++arrived_ == world_) {
+      fn(slots_);
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return absl::OkStatus();
+    }
+    if (!cv_.wait_for(l, timeout, [&] { return gen_ != gen || broken_; })) {
+      broken_ = true;
+      cv_.notify_all();
+      return absl::DeadlineExceededError(absl::StrCat("inproc: rank ", rank, " timed out"));
+    }
+    if (broken_ && gen_ == gen) return absl::UnavailableError("inproc: group broken");
+    return absl::OkStatus();
+  }
+
+ private:
+  int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<void*, size_t>> slots_;
+  int arrived_ = 0;
+  uint64_t gen_ = 0;
+  bool broken_ = false;
+};
+
+class InProcCollective : public Collective {
+ public:
+  InProcCollective(std::shared_ptr<InProcGroup> g, int rank, int world)
+      : g_(std::move(g)), rank_(rank), world_(world) {}
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  std::string name() const override { return "inproc"; }
+
+  absl::Status Broadcast(void* data, size_t bytes, MemorySpace space,
+                         std::chrono::milliseconds timeout) override {
+    if (space != MemorySpace::kHost) return absl::InvalidArgumentError("inproc: host memory only");
+    return g_->Exchange(rank_, data, bytes, timeout, [](auto& s) {
+      for (size_t r = 1; r < s.size(); ++r) std::memcpy(s[r].first, s[0].first, s[0].second);
+    });
+  }
+
+  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                      std::chrono::milliseconds timeout) override {
+    if (space != MemorySpace::kHost) return absl::InvalidArgumentError("inproc: host memory only");
+    // Slot 0 carries rank 0's recv buffer; others their send buffers.
+    if (rank_ == 0) {
+      std::memcpy(recv, send, bytes);
+      return g_->Exchange(0, recv, bytes, timeout, [](auto& s) {
+        for (size_t r = 1; r < s.size(); ++r)
+          std::memcpy(static_cast<char*>(s[0].first) + r * s[0].second, s[r].first, s[r].second);
+      });
+    }
+    return g_->Exchange(rank_, const_cast<void*>(send), bytes, timeout, [](auto& s) {
+      for (size_t r = 1; r < s.size(); ++r)
+        std::memcpy(static_cast<char*>(s[0].first) + r * s[0].second, s[r].first, s[r].second);
+    });
+  }
+
+ private:
+  std::shared_ptr<InProcGroup> g_;
+  int rank_, world_;
+};
+
+}  // namespace drafthead::testing

@@ -1,0 +1,116 @@
+#include "server/sched/batch_loop.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace drafthead {
+
+BatchLoop::BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
+               std::function<void(const absl::Status&)> on_failure)
+    : engine_(engine), batcher_(batcher), metrics_(metrics), on_failure_(std::move(on_failure)) {}
+
+void BatchLoop::Stop() { stopping_ = true; }
+
+void BatchLoop::FailInFlight(const absl::Status& status) {
+  std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> fail;
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    fail.swap(inflight_);
+  }
+  for (auto& f : fail) f(status, nullptr);
+}
+
+absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
+  const int64_t K = engine_.geometry().hidden;
+  uint32_t rows = 0;
+  for (const auto& it : batch) rows += it.req->rows;
+  ctl_.rows = rows;
+  x_.resize(static_cast<size_t>(rows) * K);
+  uint32_t r = 0;
+  for (const auto& it : batch) {
+    for (uint32_t i = 0; i < it.req->rows; ++i) {
+      ctl_.tasks[r + i] = it.req->task;
+      ctl_.tasks[r + i].row_in_request = i;
+    }
+    std::memcpy(&x_[static_cast<size_t>(r) * K], it.req->x.data(), it.req->x.size() * 2);
+    r += it.req->rows;
+  }
+  // Each completion becomes once-only, so FailInFlight (another thread) and this one cannot both
+  // answer a request.
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    inflight_.clear();
+    for (auto& it : batch) {
+      auto once = std::make_shared<std::atomic<bool>>(false);
+      auto inner = std::make_shared<std::function<void(const absl::Status&, const BatchRowsResult*)>>(
+          std::move(it.done));
+      it.done = [once, inner](const absl::Status& s, const BatchRowsResult* r) {
+        if (!once->exchange(true)) (*inner)(s, r);
+      };
+      inflight_.push_back(it.done);
+    }
+  }
+  const auto t0 = Clock::now();
+  auto gathered = engine_.RunBatch(ctl_, x_.data());
+  const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    inflight_.clear();
+  }
+  if (!gathered.ok()) {
+    const absl::Status fail = absl::UnavailableError(
+        absl::StrCat("the rank group failed: ", gathered.status().message()));
+    for (auto& it : batch) it.done(fail, nullptr);
+    return fail;
+  }
+  const double compute_s = std::chrono::duration<double>(t1 - t0).count();
+  if (metrics_) metrics_->RecordBatch(rows, compute_s);
+  BatchRowsResult result;
+  result.layout = gathered->layout;
+  result.gathered = gathered->data;
+  result.per_rank_bytes = gathered->per_rank_bytes;
+  result.geometry = &engine_.geometry();
+  result.batch_rows = rows;
+  result.compute_us = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
+  for (auto& it : batch) {
+    result.queue_us = static_cast<uint32_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(t0 - it.enqueued).count());
+    it.done(absl::OkStatus(), &result);
+    result.row0 += it.req->rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchLoop::Run() {
+  for (;;) {
+    const bool stopping = stopping_.load();
+    std::vector<BatchItem> batch = batcher_.Take(std::chrono::milliseconds(stopping ? 0 : 100));
+    if (metrics_) {
+      metrics_->SetQueueDepth(batcher_.queued_rows(),
+                              static_cast<uint32_t>(batcher_.queued_requests()));
+    }
+    absl::Status s;
+    if (!batch.empty()) {
+      s = RunOne(batch);
+    } else if (stopping && batcher_.queued_requests() == 0) {
+      s = engine_.Shutdown();
+      if (!s.ok()) Log(LogLevel::kWarn, "shutdown_broadcast_failed", "error", std::string(s.message()));
+      return absl::OkStatus();
+    } else {
+      s = engine_.Heartbeat();
+    }
+    if (!s.ok()) {
+      const absl::Status fail = absl::UnavailableError(
+          absl::StrCat("the rank group failed: ", s.message()));
+      Log(LogLevel::kError, "group_failed", "error", std::string(s.message()));
+      batcher_.Close(fail);
+      if (on_failure_) on_failure_(fail);
+      return fail;
+    }
+  }
+}
+
+}  // namespace drafthead

@@ -1,0 +1,97 @@
+#include "server/sched/batcher.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace drafthead {
+
+absl::Status Batcher::Submit(BatchItem item) {
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!closed_.ok()) {
+      refused = closed_;
+    } else if (rows_ + item.req->rows > opts_.max_queue_rows) {
+      ++dropped_.rejected;
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "queue full: ", rows_, " rows waiting, limit ", opts_.max_queue_rows, " (--max-queue-rows)"));
+    } else {
+      rows_ += item.req->rows;
+      q_.push_back(std::move(item));
+    }
+  }
+  if (!refused.ok()) {
+    item.done(refused, nullptr);
+    return refused;
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
+  std::vector<BatchItem> batch, drops;
+  std::vector<absl::Status> drop_status;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, idle_wait, [&] { return !q_.empty() || !closed_.ok(); });
+    if (!q_.empty() && opts_.max_queue_delay.count() > 0) {
+      // Let the batch fill until the oldest request has waited max_queue_delay.
+      const auto until = q_.front().enqueued + opts_.max_queue_delay;
+      cv_.wait_until(l, until, [&] {
+        return rows_ >= opts_.max_rows || !closed_.ok() ||
+               (opts_.max_requests > 0 && q_.size() >= opts_.max_requests);
+      });
+    }
+    const auto now = Clock::now();
+    uint32_t rows = 0;
+    while (!q_.empty()) {
+      BatchItem& it = q_.front();
+      if (it.deadline <= now || (it.cancelled && it.cancelled())) {
+        const bool expired = it.deadline <= now;
+        expired ? ++dropped_.expired : ++dropped_.cancelled;
+        drop_status.push_back(expired ? absl::DeadlineExceededError("deadline passed while queued")
+                                      : absl::CancelledError("cancelled while queued"));
+        rows_ -= it.req->rows;
+        drops.push_back(std::move(it));
+        q_.pop_front();
+        continue;
+      }
+      if (rows + it.req->rows > opts_.max_rows) break;
+      if (opts_.max_requests > 0 && batch.size() >= opts_.max_requests) break;
+      rows += it.req->rows;
+      rows_ -= it.req->rows;
+      batch.push_back(std::move(it));
+      q_.pop_front();
+    }
+  }
+  for (size_t i = 0; i < drops.size(); ++i) drops[i].done(drop_status[i], nullptr);
+  return batch;
+}
+
+void Batcher::Close(const absl::Status& reason) {
+  std::deque<BatchItem> q;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_.ok()) closed_ = reason;
+    q.swap(q_);
+    rows_ = 0;
+  }
+  cv_.notify_all();
+  for (auto& it : q) it.done(reason, nullptr);
+}
+
+uint32_t Batcher::queued_rows() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return rows_;
+}
+
+size_t Batcher::queued_requests() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return q_.size();
+}
+
+Batcher::Dropped Batcher::dropped() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return dropped_;
+}
+
+}  // namespace drafthead

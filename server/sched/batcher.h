@@ -1,0 +1,75 @@
+// Rank 0's request queue and dynamic batching: requests (unary and streamed alike) wait here
+// and the engine thread takes them as batches of up to max_rows rows, in arrival order (a request
+// is never split). Bounded: a request that would push the queue past max_queue_rows is refused at
+// once (RESOURCE_EXHAUSTED). Expired or cancelled requests are answered here and never computed.
+//
+// Threads: Submit from any thread; Take from the one engine thread; callbacks run on the thread
+// that completes the request (Take for drops, the engine thread for results, Close's caller).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/sched/prepared_request.h"
+
+namespace drafthead {
+
+using Clock = std::chrono::steady_clock;
+
+struct BatchItem {
+  std::shared_ptr<const PreparedRequest> req;
+  Clock::time_point enqueued{};
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // may be empty
+  // Called exactly once: OK with the request's share of the batch, or the failure (nullptr).
+  std::function<void(const absl::Status&, const BatchRowsResult*)> done;
+};
+
+struct BatcherOptions {
+  uint32_t max_rows = 64;
+  uint32_t max_queue_rows = 4096;
+  std::chrono::microseconds max_queue_delay{0};
+  uint32_t max_requests = 0;  // most requests in one batch (0: no limit; 1: batching off)
+};
+
+class Batcher {
+ public:
+  explicit Batcher(BatcherOptions opts) : opts_(opts) {}
+
+  // Queues the item, or completes it at once with RESOURCE_EXHAUSTED (queue full) or the close
+  // reason (after Close). Returns what happened.
+  absl::Status Submit(BatchItem item);
+
+  // Waits up to `idle_wait` for work, then up to max_queue_delay for the batch to fill. Returns the
+  // batch (possibly empty). Drops expired and cancelled items (completing them).
+  std::vector<BatchItem> Take(std::chrono::milliseconds idle_wait);
+
+  // Fails everything queued with `reason`, and every later Submit.
+  void Close(const absl::Status& reason);
+
+  uint32_t queued_rows() const;
+  size_t queued_requests() const;
+
+  // Counters for metrics.
+  struct Dropped {
+    uint64_t expired = 0, cancelled = 0, rejected = 0;
+  };
+  Dropped dropped() const;
+
+ private:
+  BatcherOptions opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<BatchItem> q_;
+  uint32_t rows_ = 0;
+  absl::Status closed_ = absl::OkStatus();
+  Dropped dropped_;
+};
+
+}  // namespace drafthead

@@ -1,0 +1,176 @@
+#include "server/sched/metrics.h"
+
+#include <httplib.h>
+
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/comm/rendezvous.h"
+
+namespace drafthead {
+namespace {
+
+std::string Num(double v) { return absl::StrFormat("%.9g", v); }
+
+std::vector<double> LatencyBounds() {
+  return {25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+          50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0};
+}
+
+void Header(std::string* out, const char* name, const char* type, const char* help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+}  // namespace
+
+void Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
+  const std::string sep = labels.empty() ? "" : ",";
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    absl::StrAppend(out, name, "_bucket{", labels, sep, "le=\"", Num(bounds_[i]), "\"} ", cum, "\n");
+  }
+  cum += counts_.back();
+  absl::StrAppend(out, name, "_bucket{", labels, sep, "le=\"+Inf\"} ", cum, "\n");
+  const std::string l = labels.empty() ? "" : absl::StrCat("{", labels, "}");
+  absl::StrAppend(out, name, "_sum", l, " ", Num(sum_), "\n", name, "_count", l, " ", count_, "\n");
+}
+
+Metrics::Metrics(int world)
+    : world_(world),
+      batch_rows_({1, 2, 4, 5, 8, 10, 16, 20, 32, 40, 48, 64, 96, 128, 256}),
+      queue_s_(LatencyBounds()),
+      compute_s_(LatencyBounds()),
+      total_s_(LatencyBounds()),
+      rank_up_(world, 0),
+      weight_bytes_(world, 0) {}
+
+void Metrics::RecordRequest(const std::string& mode, int code, uint32_t rows) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++requests_[{mode, code}];
+  if (code == 0) rows_[mode] += rows;
+}
+
+void Metrics::RecordBatch(uint32_t rows, double compute_seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++batches_;
+  batch_rows_.Observe(rows);
+  compute_s_.Observe(compute_seconds);
+}
+
+void Metrics::RecordLatency(double queue_seconds, double total_seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  queue_s_.Observe(queue_seconds);
+  total_s_.Observe(total_seconds);
+}
+
+void Metrics::SetQueueDepth(uint32_t rows, uint32_t requests) {
+  std::lock_guard<std::mutex> l(mu_);
+  queue_rows_ = rows;
+  queue_requests_ = requests;
+}
+
+void Metrics::SetRankHealth(int rank, bool up) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (rank >= 0 && rank < world_) rank_up_[rank] = up ? 1 : 0;
+}
+
+void Metrics::SetWeightBytes(int rank, uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (rank >= 0 && rank < world_) weight_bytes_[rank] = bytes;
+}
+
+void Metrics::SetServing(bool serving) {
+  std::lock_guard<std::mutex> l(mu_);
+  serving_ = serving;
+}
+
+std::string Metrics::Render() const {
+  static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out;
+  Header(&out, "drafthead_requests_total", "counter", "Logits requests answered, by mode and gRPC status code.");
+  for (const auto& [key, n] : requests_) {
+    const char* code = key.second >= 0 && key.second <= 16 ? kCodes[key.second] : "UNKNOWN";
+    absl::StrAppend(&out, "drafthead_requests_total{mode=\"", key.first, "\",code=\"", code, "\"} ", n, "\n");
+  }
+  Header(&out, "drafthead_rows_total", "counter", "Hidden rows computed successfully, by mode.");
+  for (const auto& [mode, n] : rows_)
+    absl::StrAppend(&out, "drafthead_rows_total{mode=\"", mode, "\"} ", n, "\n");
+  Header(&out, "drafthead_batches_total", "counter", "Batches run across the rank group.");
+  absl::StrAppend(&out, "drafthead_batches_total ", batches_, "\n");
+  Header(&out, "drafthead_batch_rows", "histogram", "Rows per batch.");
+  batch_rows_.Render("drafthead_batch_rows", "", &out);
+  Header(&out, "drafthead_queue_seconds", "histogram", "Time a request waited in rank 0's queue.");
+  queue_s_.Render("drafthead_queue_seconds", "", &out);
+  Header(&out, "drafthead_compute_seconds", "histogram", "Time of one batch across the group (broadcast, compute, gather).");
+  compute_s_.Render("drafthead_compute_seconds", "", &out);
+  Header(&out, "drafthead_request_seconds", "histogram", "Time from a request's arrival to its answer.");
+  total_s_.Render("drafthead_request_seconds", "", &out);
+  Header(&out, "drafthead_queue_rows", "gauge", "Rows waiting in the queue.");
+  absl::StrAppend(&out, "drafthead_queue_rows ", queue_rows_, "\n");
+  Header(&out, "drafthead_queue_requests", "gauge", "Requests waiting in the queue.");
+  absl::StrAppend(&out, "drafthead_queue_requests ", queue_requests_, "\n");
+  Header(&out, "drafthead_rank_up", "gauge", "1 while a rank has its shard and answers.");
+  for (int r = 0; r < world_; ++r)
+    absl::StrAppend(&out, "drafthead_rank_up{rank=\"", r, "\"} ", rank_up_[r], "\n");
+  Header(&out, "drafthead_weight_bytes", "gauge", "Weight bytes resident per rank (twin plus any bf16 head).");
+  for (int r = 0; r < world_; ++r)
+    absl::StrAppend(&out, "drafthead_weight_bytes{rank=\"", r, "\"} ", weight_bytes_[r], "\n");
+  Header(&out, "drafthead_serving", "gauge", "1 while the service reports SERVING.");
+  absl::StrAppend(&out, "drafthead_serving ", serving_ ? 1 : 0, "\n");
+  return out;
+}
+
+struct MetricsServer::Impl {
+  httplib::Server http;
+  std::thread thread;
+  int port = 0;
+};
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& hostport,
+                                                                    const Metrics* metrics) {
+  std::string host;
+  int port;
+  if (absl::Status s = SplitHostPort(hostport, &host, &port); !s.ok()) return s;
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->impl_ = std::make_unique<Impl>();
+  m->impl_->http.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (port == 0) {
+    m->impl_->port = m->impl_->http.bind_to_any_port(host);
+  } else {
+    m->impl_->port = m->impl_->http.bind_to_port(host, port) ? port : -1;
+  }
+  if (m->impl_->port < 0)
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", hostport));
+  Impl* impl = m->impl_.get();
+  impl->thread = std::thread([impl] { impl->http.listen_after_bind(); });
+  return m;
+}
+
+MetricsServer::~MetricsServer() {
+  if (impl_) {
+    impl_->http.stop();
+    if (impl_->thread.joinable()) impl_->thread.join();
+  }
+}
+
+int MetricsServer::port() const { return impl_->port; }
+
+}  // namespace drafthead

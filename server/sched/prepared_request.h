@@ -1,0 +1,35 @@
+// The unit of work the scheduler queues: a request already validated at the API edge, reduced to
+// its row task and bf16 rows; and what the batch loop hands back when the request's rows are done.
+// Free of the API's proto types, so the scheduler knows nothing of how requests arrive or leave.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "server/engine/shard_geometry.h"
+#include "server/engine/wire_format.h"
+
+namespace drafthead {
+
+struct PreparedRequest {
+  uint64_t request_id = 0;
+  uint32_t rows = 0;
+  RowTask task{};               // shared by the request's rows (row_in_request set per row)
+  std::vector<uint16_t> x;      // bf16 bits [rows, hidden]
+};
+
+// One request's share of a finished batch. Every pointer is valid only during the completion
+// callback that receives it (the gathered buffer is reused by the next batch).
+struct BatchRowsResult {
+  const PayloadLayout* layout = nullptr;  // the batch's per-rank payload layout
+  const uint8_t* gathered = nullptr;      // world blocks of per_rank_bytes
+  size_t per_rank_bytes = 0;
+  const ShardGeometry* geometry = nullptr;  // any rank's geometry (the group's S, tp and crop)
+  uint32_t row0 = 0;        // this request's first row in the batch
+  uint32_t batch_rows = 0;  // rows in the whole batch
+  uint32_t queue_us = 0;    // enqueue -> batch start
+  uint32_t compute_us = 0;  // the batch across the group
+};
+
+}  // namespace drafthead
