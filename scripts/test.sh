@@ -31,6 +31,6 @@ if [ "${DRAFTHEAD_SKIP_SANITIZE:-0}" != 1 ]; then
     -DDRAFTHEAD_SANITIZE=ON -DDRAFTHEAD_BENCH=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE "slow|fuzz|cuda" --timeout 1200
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE "fuzz|cuda" --timeout 1200
 fi
 echo "all test stages passed"

@@ -25,15 +25,15 @@ struct Group {
   std::vector<std::unique_ptr<RankEngine>> engines;
   std::vector<std::thread> workers;
   std::unique_ptr<Batcher> batcher;
-  std::unique_ptr<BatchLoop> leader;
-  std::thread leader_thread;
-  absl::Status leader_status;
+  std::unique_ptr<BatchLoop> loop;
+  std::thread loop_thread;
+  absl::Status loop_status;
   ServingLimits limits;
   ShardGeometry geo0;
 
   ~Group() {
-    if (leader) leader->Stop();
-    if (leader_thread.joinable()) leader_thread.join();
+    if (loop) loop->Stop();
+    if (loop_thread.joinable()) loop_thread.join();
     for (auto& t : workers) t.join();
   }
 };
@@ -66,8 +66,8 @@ std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, 
     g->workers.emplace_back([e = g->engines[r].get()] { EXPECT_TRUE(e->RunWorker().ok()); });
   bopts.max_rows = max_rows;
   g->batcher = std::make_unique<Batcher>(bopts);
-  g->leader = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr);
-  g->leader_thread = std::thread([p = g.get()] { p->leader_status = p->leader->Run(); });
+  g->loop = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr);
+  g->loop_thread = std::thread([p = g.get()] { p->loop_status = p->loop->Run(); });
   g->limits.hidden = k;
   g->limits.vocab_size = vocab;
   g->limits.max_rows = max_rows;
@@ -277,9 +277,9 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
   Batcher b(BatcherOptions{});
   absl::Status failure;
-  BatchLoop leader(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
+  BatchLoop loop(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
   const auto t0 = Clock::now();
-  absl::Status s = leader.Run();
+  absl::Status s = loop.Run();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable);
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));

@@ -1,5 +1,5 @@
 // Test helpers for safetensors files: an independent, hand-rolled writer (string-built JSON, no
-// nlohmann, nothing from server/safetensors.h) so the reader is not only checked against its own
+// nlohmann, nothing from common/safetensors.h) so the reader is not only checked against its own
 // writer, plus a scoped temp directory and bf16 helpers.
 #pragma once
 

@@ -1,9 +1,10 @@
 #include "server/api/service.h"
 
 #include <deque>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/api/response.h"
 
 namespace drafthead {
@@ -57,10 +58,6 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
     }
     done(s, resp);
   };
-  if (draining_) {
-    record(absl::UnavailableError("the server is draining (shutting down)"), nullptr);
-    return;
-  }
   if (!ready_) {
     record(absl::UnavailableError("the rank group is not ready (weights still loading)"), nullptr);
     return;
@@ -122,7 +119,7 @@ class DraftHeadService::StreamReactor
     if (!ok) {
       bool finish;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         reading_ = false;
         reads_done_ = true;
         finish = PumpLocked();
@@ -133,7 +130,7 @@ class DraftHeadService::StreamReactor
     std::shared_ptr<Slot> slot = std::make_shared<Slot>();
     slot->resp.set_request_id(req_.request_id());
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       slots_.push_back(slot);
       ++outstanding_;
     }
@@ -146,7 +143,7 @@ class DraftHeadService::StreamReactor
       }
       bool finish;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         slot->ready = true;
         --outstanding_;
         finish = PumpLocked();
@@ -155,7 +152,7 @@ class DraftHeadService::StreamReactor
     });
     bool finish;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       reading_ = false;
       finish = PumpLocked();
     }
@@ -165,7 +162,7 @@ class DraftHeadService::StreamReactor
   void OnWriteDone(bool ok) override {
     bool finish;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       writing_ = false;
       slots_.pop_front();
       if (!ok) broken_ = true;
@@ -177,6 +174,8 @@ class DraftHeadService::StreamReactor
   void OnDone() override { delete this; }
 
  private:
+  // `ready` is read and written under the reactor's mu_ (a nested struct cannot say so to the
+  // compiler); `resp` is filled before ready is set and written out only after.
   struct Slot {
     v1::LogitsResponse resp;
     bool ready = false;
@@ -184,7 +183,7 @@ class DraftHeadService::StreamReactor
 
   // Starts the next write / read as allowed; returns true when the caller must Finish (outside
   // the lock: Finish may lead to OnDone, which deletes this).
-  bool PumpLocked() {
+  bool PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!writing_ && !slots_.empty() && slots_.front()->ready) {
       if (broken_) {
         // The client is gone: drop answers nobody can read.
@@ -207,11 +206,16 @@ class DraftHeadService::StreamReactor
 
   DraftHeadService* svc_;
   grpc::CallbackServerContext* ctx_;
-  v1::LogitsRequest req_;
-  std::mutex mu_;
-  std::deque<std::shared_ptr<Slot>> slots_;
-  size_t outstanding_ = 0;
-  bool reading_ = false, reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
+  v1::LogitsRequest req_;  // the read in flight's target (one read at a time: reading_)
+  absl::Mutex mu_;
+  // Unanswered requests in arrival order; the front one is written first.
+  std::deque<std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet completed
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* DraftHeadService::StreamLogits(

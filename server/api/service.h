@@ -24,8 +24,6 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
 
   // Until ready, logits RPCs answer UNAVAILABLE (weights still loading) and health is NOT_SERVING.
   void SetReady(bool ready) { ready_ = ready; }
-  // While draining, new requests are refused with UNAVAILABLE; in-flight ones complete.
-  void SetDraining() { draining_ = true; }
 
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,
@@ -49,7 +47,6 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   v1::ModelInfo info_;
   Metrics* metrics_;
   std::atomic<bool> ready_{false};
-  std::atomic<bool> draining_{false};
 };
 
 }  // namespace drafthead

@@ -8,10 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 
 namespace drafthead {
@@ -64,9 +65,9 @@ absl::StatusOr<std::vector<pid_t>> SpawnWorkerRanks(const std::vector<std::strin
 }
 
 struct ChildWatcher::State {
-  std::vector<pid_t> pids;
-  std::vector<bool> alive;
-  std::mutex mu;
+  std::vector<pid_t> pids;  // set before the thread starts, then read-only
+  absl::Mutex mu;
+  std::vector<bool> alive ABSL_GUARDED_BY(mu);
   std::atomic<bool> stop{false};
   std::thread thread;
 };
@@ -95,7 +96,7 @@ ChildWatcher::ChildWatcher(std::vector<pid_t> pids,
         continue;
       }
       {
-        std::lock_guard<std::mutex> l(s->mu);
+        absl::MutexLock l(&s->mu);
         s->alive[i] = false;
       }
       --left;
@@ -112,7 +113,7 @@ ChildWatcher::~ChildWatcher() {
 }
 
 void ChildWatcher::SignalAll(int sig) {
-  std::lock_guard<std::mutex> l(s_->mu);
+  absl::MutexLock l(&s_->mu);
   for (size_t i = 0; i < s_->pids.size(); ++i)
     if (s_->alive[i]) kill(s_->pids[i], sig);
 }
@@ -121,7 +122,7 @@ bool ChildWatcher::WaitAll(int timeout_ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      absl::MutexLock l(&s_->mu);
       bool any = false;
       for (bool a : s_->alive) any = any || a;
       if (!any) return true;

@@ -1,6 +1,6 @@
 // A compute backend holds one rank's shard (the fp8 twin, optionally the bf16 head) and turns a
-// batch of hidden rows into this rank's payload (server/batch.h): its slice of the full logits for
-// FULL_LOGITS rows, k candidates and a softmax partial for reduction rows.
+// batch of hidden rows into this rank's payload (server/engine/wire_format.h): its slice of the
+// full logits for FULL_LOGITS rows, k candidates and a softmax partial for reduction rows.
 // Implementations: cpu_backend.cc, cuda_backend.cc (CUDA builds).
 //
 // Threads: one caller (the rank's engine thread). Failure: statuses, never exceptions or aborts.

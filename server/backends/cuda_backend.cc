@@ -1,4 +1,4 @@
-// ComputeBackend on one CUDA GPU (CUDA builds only; server/backend.cc answers the non-CUDA case).
+// ComputeBackend on one CUDA GPU (CUDA builds only; compute_backend.cc answers the non-CUDA case).
 // Device memory holds the fp8 twin (built on the GPU from the bf16 shard, or uploaded from
 // --twin), optionally the bf16 shard (--keep-bf16), and grow-only work buffers: x, the fp32
 // logits of the batch, the payload. Host traffic goes through pinned staging buffers: one upload

@@ -3,13 +3,14 @@
 // can exercise a rank that stops answering.
 #pragma once
 
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/comm/collective.h"
 
 namespace drafthead::testing {
@@ -21,7 +22,7 @@ class InProcGroup {
   // Every rank calls with its buffer; the last arrival runs fn over all slots, then all leave.
   absl::Status Exchange(int rank, void* buf, size_t bytes, std::chrono::milliseconds timeout,
                         const std::function<void(std::vector<std::pair<void*, size_t>>&)>& fn) {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (broken_) return absl::UnavailableError("inproc: group broken");
     const uint64_t gen = gen_;
     slots_[rank] = {buf, bytes};
@@ -29,26 +30,29 @@ class InProcGroup {
       fn(slots_);
       arrived_ = 0;
       ++gen_;
-      cv_.notify_all();
+      cv_.SignalAll();
       return absl::OkStatus();
     }
-    if (!cv_.wait_for(l, timeout, [&] { return gen_ != gen || broken_; })) {
-      broken_ = true;
-      cv_.notify_all();
-      return absl::DeadlineExceededError(absl::StrCat("inproc: rank ", rank, " timed out"));
+    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+    while (gen_ == gen && !broken_) {
+      if (cv_.WaitWithDeadline(&mu_, deadline) && gen_ == gen && !broken_) {
+        broken_ = true;
+        cv_.SignalAll();
+        return absl::DeadlineExceededError(absl::StrCat("inproc: rank ", rank, " timed out"));
+      }
     }
     if (broken_ && gen_ == gen) return absl::UnavailableError("inproc: group broken");
     return absl::OkStatus();
   }
 
  private:
-  int world_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<void*, size_t>> slots_;
-  int arrived_ = 0;
-  uint64_t gen_ = 0;
-  bool broken_ = false;
+  const int world_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when a generation completes or the group breaks
+  std::vector<std::pair<void*, size_t>> slots_ ABSL_GUARDED_BY(mu_);
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class InProcCollective : public Collective {

@@ -3,7 +3,8 @@
 // non-blocking (ncclConfig_t.blocking = 0) and every operation is polled against its timeout:
 // ncclCommGetAsyncError for the communicator, cudaStreamQuery for completion. On an error or a
 // timeout the communicator is aborted (ncclCommAbort) and the call returns UNAVAILABLE (a NCCL or
-// peer failure) or DEADLINE_EXCEEDED; afterwards the collective is broken (server/collective.h).
+// peer failure) or DEADLINE_EXCEEDED; afterwards the collective is broken
+// (server/comm/collective.h).
 //
 // Threads: one thread per rank (the engine's). The NCCL unique id goes from rank 0 to the others
 // through the leader's key-value store under "nccl/uid".

@@ -137,11 +137,13 @@ KvServer::~KvServer() {
   ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   ::close(listen_fd_);
+  std::vector<std::thread> conns;  // joined outside the lock: Serve takes it
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (int fd : conn_fds_) ::shutdown(fd, SHUT_RDWR);
+    conns.swap(conns_);
   }
-  for (auto& t : conns_) t.join();
+  for (auto& t : conns) t.join();
 }
 
 void KvServer::AcceptLoop() {
@@ -150,7 +152,7 @@ void KvServer::AcceptLoop() {
     if (::poll(&p, 1, 200) <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     conn_fds_.push_back(fd);
     conns_.emplace_back([this, fd] { Serve(fd); });
   }
@@ -163,7 +165,7 @@ void KvServer::Serve(int fd) {
     bool ok;
     if (op == 'S') {
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         kv_[key] = value;
       }
       ok = WriteFrame(fd, 'K', "", "");
@@ -171,7 +173,7 @@ void KvServer::Serve(int fd) {
       std::string v;
       bool found;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         auto it = kv_.find(key);
         found = it != kv_.end();
         if (found) v = it->second;

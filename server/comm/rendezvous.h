@@ -13,13 +13,14 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace drafthead {
 
@@ -42,10 +43,10 @@ class KvServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread accept_thread_;
-  std::mutex mu_;
-  std::map<std::string, std::string> kv_;
-  std::vector<std::thread> conns_;
-  std::vector<int> conn_fds_;
+  absl::Mutex mu_;
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> conns_ ABSL_GUARDED_BY(mu_);  // one per accepted connection
+  std::vector<int> conn_fds_ ABSL_GUARDED_BY(mu_);
 };
 
 class KvClient {

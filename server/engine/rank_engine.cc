@@ -11,7 +11,6 @@ namespace drafthead {
 RankEngine::RankEngine(std::unique_ptr<Collective> comm, std::unique_ptr<ComputeBackend> backend,
                        ShardGeometry geo, EngineOptions opts)
     : comm_(std::move(comm)), backend_(std::move(backend)), geo_(geo), opts_(opts) {
-  comm_name_ = comm_->name();
   // Device-resident payloads only when both sides can: NCCL moves them GPU to GPU.
   space_ = (comm_->AcceptsDeviceMemory() && backend_->name() == "cuda") ? MemorySpace::kDevice
                                                                           : MemorySpace::kHost;
@@ -75,8 +74,7 @@ absl::Status RankEngine::Shutdown() {
 }
 
 absl::Status RankEngine::RunWorker() {
-  // Rank 0 beats every heartbeat interval; allow for a slow batch in between.
-  const auto idle_timeout = opts_.heartbeat * 4 + opts_.op_timeout;
+  const auto idle_timeout = WorkerIdleTimeout(opts_);
   BatchControl ctl;
   for (;;) {
     absl::Status s = BroadcastControl(&ctl, idle_timeout);

@@ -3,8 +3,8 @@
 // its payload. All group traffic goes through here.
 //
 // Protocol per step: Broadcast(BatchControl) from rank 0; for kRun, Broadcast(hidden rows, bf16)
-// then Gather(payload) to rank 0. When idle, rank 0 broadcasts kHeartbeat every heartbeat
-// interval, so a worker that hears nothing for worker_idle_timeout knows rank 0 is gone.
+// then Gather(payload) to rank 0. When idle, rank 0 broadcasts kHeartbeat every kHeartbeatPeriod,
+// so a worker that hears nothing for WorkerIdleTimeout knows rank 0 is gone.
 //
 // Threads: one thread per rank calls into a RankEngine. Failure: any collective error breaks the
 // group for good (statuses say which rank and what); the caller exits the process.
@@ -23,12 +23,21 @@
 
 namespace drafthead {
 
+// Rank 0's idle beat: BatchLoop waits this long for work before it calls Heartbeat.
+inline constexpr std::chrono::milliseconds kHeartbeatPeriod{100};
+
 struct EngineOptions {
   std::chrono::milliseconds op_timeout{5000};      // one batch's collectives
-  std::chrono::milliseconds heartbeat{500};        // rank 0's idle beat
   std::chrono::milliseconds load_timeout{1800000}; // waiting for every rank's shard at start
   int max_rows = 64;
 };
+
+// How long a worker waits for rank 0's next broadcast before it declares rank 0 gone: 20 beats
+// (2 s: room for a batch's fill wait and response building between broadcasts) plus one batch's
+// collectives (a slow batch delays the next beat).
+constexpr std::chrono::milliseconds WorkerIdleTimeout(const EngineOptions& opts) {
+  return kHeartbeatPeriod * 20 + opts.op_timeout;
+}
 
 // What a rank reports to rank 0 once its shard is loaded (or failed to load).
 struct RankReadyReport {
@@ -51,7 +60,6 @@ class RankEngine {
   int world() const { return comm_->world(); }
   const ShardGeometry& geometry() const { return geo_; }
   ComputeBackend& backend() { return *backend_; }
-  const std::string& comm_name() const { return comm_name_; }
 
   // Every rank: send this rank's load outcome to rank 0. On rank 0 returns all ranks' reports
   // (index = rank); on the others an empty vector.
@@ -80,7 +88,6 @@ class RankEngine {
   std::unique_ptr<ComputeBackend> backend_;
   ShardGeometry geo_;
   EngineOptions opts_;
-  std::string comm_name_;
   uint64_t seq_ = 0;
   MemorySpace space_ = MemorySpace::kHost;
   std::vector<uint16_t> x_;           // workers: the broadcast hidden rows

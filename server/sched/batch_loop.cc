@@ -16,7 +16,7 @@ void BatchLoop::Stop() { stopping_ = true; }
 void BatchLoop::FailInFlight(const absl::Status& status) {
   std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> fail;
   {
-    std::lock_guard<std::mutex> l(inflight_mu_);
+    absl::MutexLock l(&inflight_mu_);
     fail.swap(inflight_);
   }
   for (auto& f : fail) f(status, nullptr);
@@ -40,7 +40,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   // Each completion becomes once-only, so FailInFlight (another thread) and this one cannot both
   // answer a request.
   {
-    std::lock_guard<std::mutex> l(inflight_mu_);
+    absl::MutexLock l(&inflight_mu_);
     inflight_.clear();
     for (auto& it : batch) {
       auto once = std::make_shared<std::atomic<bool>>(false);
@@ -56,7 +56,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   auto gathered = engine_.RunBatch(ctl_, x_.data());
   const auto t1 = Clock::now();
   {
-    std::lock_guard<std::mutex> l(inflight_mu_);
+    absl::MutexLock l(&inflight_mu_);
     inflight_.clear();
   }
   if (!gathered.ok()) {
@@ -87,7 +87,9 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
 absl::Status BatchLoop::Run() {
   for (;;) {
     const bool stopping = stopping_.load();
-    std::vector<BatchItem> batch = batcher_.Take(std::chrono::milliseconds(stopping ? 0 : 100));
+    // Idle for a heartbeat period: beat, so the workers know rank 0 is alive.
+    const auto idle_wait = stopping ? std::chrono::milliseconds(0) : kHeartbeatPeriod;
+    std::vector<BatchItem> batch = batcher_.Take(idle_wait);
     if (metrics_) {
       metrics_->SetQueueDepth(batcher_.queued_rows(),
                               static_cast<uint32_t>(batcher_.queued_requests()));

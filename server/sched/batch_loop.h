@@ -8,11 +8,12 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
-#include <vector>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "server/sched/batcher.h"
 #include "server/engine/rank_engine.h"
 #include "server/sched/metrics.h"
@@ -40,8 +41,10 @@ class BatchLoop {
   Metrics* metrics_;
   std::function<void(const absl::Status&)> on_failure_;
   std::atomic<bool> stopping_{false};
-  std::mutex inflight_mu_;
-  std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> inflight_;
+  absl::Mutex inflight_mu_;
+  // The completions of the batch now running (FailInFlight takes them).
+  std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> inflight_
+      ABSL_GUARDED_BY(inflight_mu_);
   BatchControl ctl_;
   std::vector<uint16_t> x_;
 };

@@ -1,13 +1,14 @@
 #include "server/sched/batcher.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace drafthead {
 
 absl::Status Batcher::Submit(BatchItem item) {
   absl::Status refused;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (!closed_.ok()) {
       refused = closed_;
     } else if (rows_ + item.req->rows > opts_.max_queue_rows) {
@@ -23,7 +24,6 @@ absl::Status Batcher::Submit(BatchItem item) {
     item.done(refused, nullptr);
     return refused;
   }
-  cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -31,15 +31,14 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
   std::vector<BatchItem> batch, drops;
   std::vector<absl::Status> drop_status;
   {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait_for(l, idle_wait, [&] { return !q_.empty() || !closed_.ok(); });
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &Batcher::HasWorkOrClosed),
+                         absl::FromChrono(idle_wait));
     if (!q_.empty() && opts_.max_queue_delay.count() > 0) {
       // Let the batch fill until the oldest request has waited max_queue_delay.
       const auto until = q_.front().enqueued + opts_.max_queue_delay;
-      cv_.wait_until(l, until, [&] {
-        return rows_ >= opts_.max_rows || !closed_.ok() ||
-               (opts_.max_requests > 0 && q_.size() >= opts_.max_requests);
-      });
+      mu_.AwaitWithTimeout(absl::Condition(this, &Batcher::BatchFullOrClosed),
+                           absl::FromChrono(until - Clock::now()));
     }
     const auto now = Clock::now();
     uint32_t rows = 0;
@@ -67,30 +66,36 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
   return batch;
 }
 
+bool Batcher::HasWorkOrClosed() const { return !q_.empty() || !closed_.ok(); }
+
+bool Batcher::BatchFullOrClosed() const {
+  return rows_ >= opts_.max_rows || !closed_.ok() ||
+         (opts_.max_requests > 0 && q_.size() >= opts_.max_requests);
+}
+
 void Batcher::Close(const absl::Status& reason) {
   std::deque<BatchItem> q;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (closed_.ok()) closed_ = reason;
     q.swap(q_);
     rows_ = 0;
   }
-  cv_.notify_all();
   for (auto& it : q) it.done(reason, nullptr);
 }
 
 uint32_t Batcher::queued_rows() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return rows_;
 }
 
 size_t Batcher::queued_requests() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return q_.size();
 }
 
 Batcher::Dropped Batcher::dropped() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return dropped_;
 }
 

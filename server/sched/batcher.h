@@ -8,14 +8,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "server/sched/prepared_request.h"
 
 namespace drafthead {
@@ -63,13 +63,16 @@ class Batcher {
   Dropped dropped() const;
 
  private:
-  BatcherOptions opts_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<BatchItem> q_;
-  uint32_t rows_ = 0;
-  absl::Status closed_ = absl::OkStatus();
-  Dropped dropped_;
+  // Take's wake-up conditions (absl::Mutex re-evaluates them on every unlock).
+  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BatchFullOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BatcherOptions opts_;
+  mutable absl::Mutex mu_;
+  std::deque<BatchItem> q_ ABSL_GUARDED_BY(mu_);
+  uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;  // rows in q_
+  absl::Status closed_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+  Dropped dropped_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace drafthead

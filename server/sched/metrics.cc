@@ -56,42 +56,42 @@ Metrics::Metrics(int world)
       weight_bytes_(world, 0) {}
 
 void Metrics::RecordRequest(const std::string& mode, int code, uint32_t rows) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   ++requests_[{mode, code}];
   if (code == 0) rows_[mode] += rows;
 }
 
 void Metrics::RecordBatch(uint32_t rows, double compute_seconds) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   ++batches_;
   batch_rows_.Observe(rows);
   compute_s_.Observe(compute_seconds);
 }
 
 void Metrics::RecordLatency(double queue_seconds, double total_seconds) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   queue_s_.Observe(queue_seconds);
   total_s_.Observe(total_seconds);
 }
 
 void Metrics::SetQueueDepth(uint32_t rows, uint32_t requests) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   queue_rows_ = rows;
   queue_requests_ = requests;
 }
 
 void Metrics::SetRankHealth(int rank, bool up) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (rank >= 0 && rank < world_) rank_up_[rank] = up ? 1 : 0;
 }
 
 void Metrics::SetWeightBytes(int rank, uint64_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (rank >= 0 && rank < world_) weight_bytes_[rank] = bytes;
 }
 
 void Metrics::SetServing(bool serving) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   serving_ = serving;
 }
 
@@ -101,7 +101,7 @@ std::string Metrics::Render() const {
                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
                                  "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   std::string out;
   Header(&out, "drafthead_requests_total", "counter", "Logits requests answered, by mode and gRPC status code.");
   for (const auto& [key, n] : requests_) {

@@ -8,12 +8,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace drafthead {
 
@@ -46,17 +47,19 @@ class Metrics {
   std::string Render() const;
 
  private:
-  mutable std::mutex mu_;
-  int world_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (mode, code) -> count
-  std::map<std::string, uint64_t> rows_;                      // mode -> rows
-  Histogram batch_rows_;
-  Histogram queue_s_, compute_s_, total_s_;
-  uint64_t batches_ = 0;
-  uint32_t queue_rows_ = 0, queue_requests_ = 0;
-  std::vector<int> rank_up_;
-  std::vector<uint64_t> weight_bytes_;
-  bool serving_ = false;
+  mutable absl::Mutex mu_;
+  const int world_;
+  // (mode, code) -> count
+  std::map<std::pair<std::string, int>, uint64_t> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> rows_ ABSL_GUARDED_BY(mu_);  // mode -> rows
+  Histogram batch_rows_ ABSL_GUARDED_BY(mu_);
+  Histogram queue_s_ ABSL_GUARDED_BY(mu_), compute_s_ ABSL_GUARDED_BY(mu_),
+      total_s_ ABSL_GUARDED_BY(mu_);
+  uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t queue_rows_ ABSL_GUARDED_BY(mu_) = 0, queue_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> rank_up_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> weight_bytes_ ABSL_GUARDED_BY(mu_);
+  bool serving_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Serves GET /metrics on host:port on its own thread until destroyed.
