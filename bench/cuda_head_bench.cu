@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/experimental/epilogue_variants.cuh"
+#include "kernels/cuda/experimental/head_gemv_variants.cuh"
 #include "kernels/cuda/head_bf16.cuh"
 #include "kernels/cuda/head_gemv.cuh"
 #include "kernels/cuda/shard_reduce.cuh"
@@ -259,14 +261,17 @@ int main(int argc, char** argv) {
       void* escr = nullptr;
       CK(cudaMalloc(&escr, std::max<size_t>(escr_bytes, 16)));
       CK(drafthead::cuda::HeadGemvFp8(x, 64, K, codes[0], exps[0], N, y, N, true, nullptr));
+      // Variant 0 is the production entry point; the others the experimental dispatches.
+      auto run_epi = [&](int variant, bool host_rows) {
+        const drafthead::cuda::ReduceRow* hr = host_rows ? rr.data() : nullptr;
+        return variant == 0
+                   ? drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr,
+                                                    escr_bytes, nullptr, hr)
+                   : drafthead::cuda::ShardEpilogueVariant(y, N, N, N, 0, drows, rows, pay, escr,
+                                                           escr_bytes, nullptr, hr, variant);
+      };
       auto time_epi = [&](int variant, bool host_rows) {
-        drafthead::cuda::SetEpilogueVariant(variant);
-        const double t = TimeIt(iters, [&](int) {
-          CK(drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr, escr_bytes,
-                                            nullptr, host_rows ? rr.data() : nullptr));
-        }) * 1e3;
-        drafthead::cuda::SetEpilogueVariant(0);
-        return t;
+        return TimeIt(iters, [&](int) { CK(run_epi(variant, host_rows)); }) * 1e3;
       };
       const double t_old = time_epi(1, false), t_new = time_epi(0, true);
       const double t_nh = time_epi(0, false), t_512 = time_epi(2, true), t_1k = time_epi(4, true);
@@ -274,7 +279,6 @@ int main(int argc, char** argv) {
       // GPU time as in the server: the epilogue queued behind a GEMV (so the host is ahead and
       // its launch overhead is hidden), timed from an event after the GEMV to one after it.
       auto gpu_epi = [&](int variant, bool host_rows) {
-        drafthead::cuda::SetEpilogueVariant(variant);
         cudaEvent_t b, c;
         CK(cudaEventCreate(&b));
         CK(cudaEventCreate(&c));
@@ -282,8 +286,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < iters + 2; ++i) {
           CK(drafthead::cuda::HeadGemvFp8(x, 64, K, codes[0], exps[0], N, y, N, true, nullptr));
           CK(cudaEventRecord(b));
-          CK(drafthead::cuda::ShardEpilogue(y, N, N, N, 0, drows, rows, pay, escr, escr_bytes,
-                                            nullptr, host_rows ? rr.data() : nullptr));
+          CK(run_epi(variant, host_rows));
           CK(cudaEventRecord(c));
           CK(cudaEventSynchronize(c));
           float t = 0;
@@ -292,7 +295,6 @@ int main(int argc, char** argv) {
         }
         cudaEventDestroy(b);
         cudaEventDestroy(c);
-        drafthead::cuda::SetEpilogueVariant(0);
         return Median(v) * 1e3;
       };
       const double g_old = gpu_epi(1, false), g_new = gpu_epi(0, true);

@@ -12,6 +12,8 @@
 #include "kernels/cpu/shard_reduce.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/twin.h"
+#include "kernels/cuda/experimental/epilogue_variants.cuh"
+#include "kernels/cuda/experimental/head_gemv_variants.cuh"
 #include "kernels/cuda/head_bf16.cuh"
 #include "kernels/cuda/head_gemv.cuh"
 #include "kernels/cuda/shard_reduce.cuh"
@@ -473,7 +475,7 @@ void AddRow(EpilogueCase& c, int y_row, cuda::ReduceMode mode, uint32_t k, float
 
 // Runs the GPU epilogue over host logits y [rows, ldy] and compares with the CPU reductions.
 void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
-                       int32_t id_base, const EpilogueCase& c, bool host_rows) {
+                       int32_t id_base, const EpilogueCase& c, bool host_rows, int variant) {
   ASSERT_EQ(cuda::ValidateReduceRows(c.rows.data(), static_cast<int>(c.rows.size())), cudaSuccess);
   DeviceBuffer<float> dy(y.size());
   DH_CU(dy.Upload(y));
@@ -483,9 +485,15 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   DH_CU(cudaMemset(pay.get(), 0xcd, c.bytes));
   const size_t sb = cuda::EpilogueScratchBytes(n_valid, static_cast<int>(c.rows.size()));
   DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
-  DH_CU(cuda::ShardEpilogue(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(),
-                            static_cast<int>(c.rows.size()), pay.get(), scratch.get(), sb,
-                            nullptr, host_rows ? c.rows.data() : nullptr));
+  const int nrows = static_cast<int>(c.rows.size());
+  const cuda::ReduceRow* hrows = host_rows ? c.rows.data() : nullptr;
+  if (variant == 0) {  // the production entry point
+    DH_CU(cuda::ShardEpilogue(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(), nrows,
+                              pay.get(), scratch.get(), sb, nullptr, hrows));
+  } else {
+    DH_CU(cuda::ShardEpilogueVariant(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(), nrows,
+                                     pay.get(), scratch.get(), sb, nullptr, hrows, variant));
+  }
   DH_CU(cudaDeviceSynchronize());
   const auto p = pay.Download(c.bytes);
   for (size_t i = 0; i < c.rows.size(); ++i) {
@@ -549,9 +557,7 @@ void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, in
   for (const auto& cfg : configs) {
     SCOPED_TRACE(testing::Message() << "epilogue variant " << cfg.variant << " host rows "
                                     << cfg.host_rows << " n_valid " << n_valid);
-    cuda::SetEpilogueVariant(cfg.variant);
-    CheckEpilogueOnce(y, ldy, n_shard, n_valid, id_base, c, cfg.host_rows);
-    cuda::SetEpilogueVariant(0);
+    CheckEpilogueOnce(y, ldy, n_shard, n_valid, id_base, c, cfg.host_rows, cfg.variant);
     if (testing::Test::HasFatalFailure()) return;
   }
 }

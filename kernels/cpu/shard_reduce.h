@@ -1,5 +1,5 @@
 // Per-shard reductions of one row of fp32 logits on the CPU, and the merge rank 0 runs over every
-// rank's candidates. The CUDA kernels (kernels/cuda/shard_reduce.cu) produce the same Candidate /
+// rank's candidates. The CUDA kernels (kernels/cuda/shard_reduce.cuh) produce the same Candidate /
 // SoftmaxPartial records, so the merge is shared.
 //
 // A row's logits y[0, n_valid) are the shard's uncropped columns; column j is token id_base + j.

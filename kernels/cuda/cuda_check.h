@@ -1,6 +1,6 @@
 // Error plumbing for the CUDA kernels: kernels return cudaError_t (flashinfer style) and never
 // throw or abort; DH_CUDA_TRY returns the first failing call's error from a cudaError_t function.
-// The Status layer (server/cuda_backend.cc) turns these into absl::Status with file:line.
+// The server turns them into absl::Status with common/cuda_status.h (one mapping for every caller).
 #pragma once
 
 #include <cuda_runtime.h>

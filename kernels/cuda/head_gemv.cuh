@@ -5,7 +5,9 @@
 // are dequantized exactly to bf16 in registers (e4m3 -> f16 by the hardware convert, the exponent
 // moved into bf16 bits, times the block's power of two), and multiplied on the tensor cores
 // (mma.sync m16n8k16 bf16, fp32 accumulators) against x held in shared memory. One kernel per
-// bucket of ceil(M / 8) (1..8); see docs/cuda.md for the design and measurements.
+// bucket of ceil(M / 8) (1..8); see docs/cuda.md for the design and measurements. The kernel is
+// in head_gemv_kernel.cuh; its measured alternatives are in kernels/cuda/experimental/ (bench and
+// tests only).
 // The fast path needs every block exponent e <= 7 (exp byte <= 134, |w| < 448 * 2^7); shards
 // with larger blocks go to an exact CUDA-core fallback (callers learn which with
 // Fp8TwinFitsFastPath). Blocks with e < -117 (|w| < 2^-108) may lose bits below bf16's
@@ -32,14 +34,5 @@ cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* code
 
 // Host-side check of a twin's exponents for the fast path (all bytes <= 134).
 bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count);
-
-// Benchmark hook: pipeline depth (register stages of 64 columns): 0 = default, 2, 4, 8 (8: M <= 16
-// only), -1 = the exact fallback, 100 = default depth with the f16-convert dequantization; round 2
-// (M <= 16 only, else cudaErrorInvalidValue): 200 = depth 4 without the L2::256B hint; 302 / 304 =
-// 32 warps a CTA with K split in 2 across warp pairs, depth 2 / 4; 314 = 16 warps, K split in 2;
-// 408 / 416 / 432 = the default plus bulk L2 prefetches of each row 8 / 16 / 32 steps ahead.
-cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
-                               const uint8_t* exps, int64_t n, float* y, int64_t ldy, int depth,
-                               cudaStream_t stream);
 
 }  // namespace drafthead::cuda

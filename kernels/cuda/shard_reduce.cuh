@@ -1,32 +1,32 @@
 // Per-shard epilogue on the GPU: turns a batch's fp32 logits into one rank's payload (the layout of
-// server/batch.h, written by the caller's offsets): FULL_LOGITS rows copied or rounded to bf16 (RNE,
-// kernels/numeric.h FloatToBf16), TOP_K / ARGMAX / SAMPLE rows reduced to a SoftmaxPartial and k
-// Candidate records (kernels/candidate.h), exactly as kernels/cpu/shard_reduce.cc does: same order
-// (larger key first, ties to the smaller id, NaN last), same SampleKey noise, same partials (max of
-// logit / T in fp32; the sum of exp in double, summed in another order, so equal to ~1 ulp).
+// server/engine/wire_format.h, written at the caller's offsets): FULL_LOGITS rows copied or rounded
+// to bf16 (RNE, kernels/numeric.h FloatToBf16), TOP_K / ARGMAX / SAMPLE rows reduced to a
+// SoftmaxPartial and k Candidate records (kernels/candidate.h), exactly as
+// kernels/cpu/shard_reduce.cc does: same order (larger key first, ties to the smaller id, NaN
+// last), same SampleKey noise, same partials (max of logit / T in fp32; the sum of exp in double,
+// summed in another order, so equal to ~1 ulp).
 //
-// TOP_K: an exact radix select over the unique 64-bit keys (ordered key, ~id), then a bitonic
-// sort of the k winners; k <= kMaxTopK. A row of up to 40960 columns is staged in shared memory
-// by one CTA; longer rows (the full vocabulary on one rank) are cut into up to 16 segments, each
-// selected by its own CTA into `scratch`, then merged (so at most 655360 columns).
-// TOP_K with k <= 64, ARGMAX and SAMPLE (round 2) are split over many CTAs per row: chunks of
-// 512-4096 columns, one 256-thread CTA each, write per-chunk candidates + softmax partials to
-// scratch; a merge kernel (one CTA per row) combines them (same results: the orders are total).
+// This file is the entry point and the dispatch (shard_reduce.cu); the kernel families are
+//   full_logits.cuh   FULL_LOGITS rows;
+//   split_reduce.cuh  TOP_K k <= kSmallTopK (64), ARGMAX, SAMPLE split over many CTAs a row;
+//   topk_select.cuh   TOP_K of any k <= kMaxTopK: radix select, one CTA a row (or row segment);
+//   best_row.cuh      ARGMAX / SAMPLE with one CTA a row (rows the split path cannot cut).
 // All pointers are device memory; asynchronous on `stream`. Callers validate the row
 // descriptors on the host with ValidateReduceRows (unknown mode, k outside 1..kMaxTopK, T <= 0
 // -> cudaErrorInvalidValue) before uploading them; the kernels skip rows they cannot serve.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "kernels/reduce_mode.h"
+
 namespace drafthead::cuda {
 
-inline constexpr uint32_t kMaxTopK = 1024;
-
-// Mirrors server/batch.h RowMode / OutDType numbering (kernels do not depend on server/).
-enum class ReduceMode : uint8_t { kFullLogits = 0, kTopK = 1, kArgmax = 2, kSample = 3 };
+using ::drafthead::kMaxTopK;
+using ::drafthead::ReduceMode;
 
 // One batch row's epilogue work.
 struct ReduceRow {
@@ -51,20 +51,24 @@ cudaError_t ValidateReduceRows(const ReduceRow* rows_host, int nrows);
 size_t EpilogueScratchBytes(int64_t n_valid, int nrows);
 
 // y: fp32 [*, ldy] (ldy a multiple of 4, y 16-byte aligned); n_shard: columns written for full
-// rows; n_valid <= n_shard: columns reduced over; column j is token id_base + j. scratch: device
-// memory of at least EpilogueScratchBytes(n_valid, nrows) bytes. rows_host (optional): a host
-// copy of rows_dev, used only to skip the launches no row needs.
-cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
-                          int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,
-                          void* scratch, size_t scratch_bytes, cudaStream_t stream);
+// rows; n_valid <= n_shard: columns reduced over (at most 655360); column j is token id_base + j.
+// scratch: device memory of at least EpilogueScratchBytes(n_valid, nrows) bytes. rows_host
+// (optional): a host copy of rows_dev, used only to skip the launches no row needs.
 cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                           int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                          const ReduceRow* rows_host);
+                          const ReduceRow* rows_host = nullptr);
 
-// Bench / test hook (not thread-safe; process-wide): 0 the default dispatch (split path, chunk
-// chosen by shape), 1 the round-1 kernels (one CTA per row for everything), 2 / 4 / 3 / 5 the
-// split path with 512 / 1024 / 2048 / 4096-column chunks.
-void SetEpilogueVariant(int variant);
+namespace detail {
+// ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
+// kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the
+// split path off (every row on the one-CTA-a-row kernels), 512..4096 a fixed chunk (raised where
+// the row would need more than the split path's chunk limit; off past 4096).
+cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_shard,
+                                        int64_t n_valid, int32_t id_base,
+                                        const ReduceRow* rows_dev, int nrows, uint8_t* payload,
+                                        void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                                        const ReduceRow* rows_host, int split_chunk);
+}  // namespace detail
 
 }  // namespace drafthead::cuda

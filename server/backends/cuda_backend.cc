@@ -24,43 +24,14 @@
 #include "kernels/cuda/shard_reduce.cuh"
 #include "kernels/cuda/twin.cuh"
 #include "server/backends/compute_backend.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace drafthead {
 namespace {
 
-absl::Status CudaStatus(cudaError_t e, const char* stmt, const char* file, int line, int rank) {
-  const std::string msg = absl::StrCat("CUDA error: ", FailureSite(stmt, file, line, rank), ": ",
-                                       cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-  switch (e) {
-    case cudaErrorMemoryAllocation: return absl::ResourceExhaustedError(msg);
-    case cudaErrorInvalidValue: return absl::InvalidArgumentError(msg);
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice: return absl::FailedPreconditionError(msg);
-    default: return absl::InternalError(msg);
-  }
-}
-
-absl::Status CublasStatus(cublasStatus_t s, const char* stmt, const char* file, int line,
-                          int rank) {
-  const std::string msg = absl::StrCat("cuBLAS error: ", FailureSite(stmt, file, line, rank), ": ",
-                                       cublasGetStatusName(s), " (", cublasGetStatusString(s), ")");
-  return s == CUBLAS_STATUS_INVALID_VALUE ? absl::InvalidArgumentError(msg)
-                                          : absl::InternalError(msg);
-}
-
-#define DH_CUDA_CHECK(expr)                                                         \
-  do {                                                                              \
-    const cudaError_t dh_ce_ = (expr);                                              \
-    if (dh_ce_ != cudaSuccess) return CudaStatus(dh_ce_, #expr, __FILE__, __LINE__, rank_); \
-  } while (0)
-
-#define DH_CUBLAS_CHECK(expr)                                                         \
-  do {                                                                                \
-    const cublasStatus_t dh_bs_ = (expr);                                             \
-    if (dh_bs_ != CUBLAS_STATUS_SUCCESS)                                              \
-      return CublasStatus(dh_bs_, #expr, __FILE__, __LINE__, rank_);                  \
-  } while (0)
+#define DH_CUDA_CHECK(expr) DH_CUDA_RETURN_IF_ERROR(expr, rank_)
+#define DH_CUBLAS_CHECK(expr) DH_CUBLAS_RETURN_IF_ERROR(expr, rank_)
 
 // Grow-only device / pinned-host allocations (never shrink: batches vary from step to step).
 struct DeviceMem {

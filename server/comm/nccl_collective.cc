@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace drafthead {
@@ -15,40 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-absl::Status NcclStatus(ncclResult_t r, const char* stmt, const char* file, int line, int rank,
-                        ncclComm_t comm) {
-  std::string msg = absl::StrCat("NCCL error: ", FailureSite(stmt, file, line, rank), ": ",
-                                 ncclGetErrorString(r));
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last && *last) absl::StrAppend(&msg, " (", last, ")");
-  }
-  switch (r) {
-    case ncclInvalidArgument:
-    case ncclInvalidUsage: return absl::InvalidArgumentError(msg);
-    default: return absl::UnavailableError(msg);  // system / remote / internal: the group is gone
-  }
-}
-
-absl::Status CudaStatus(cudaError_t e, const char* stmt, const char* file, int line, int rank) {
-  return absl::InternalError(absl::StrCat("CUDA error: ", FailureSite(stmt, file, line, rank),
-                                          ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
-                                          ")"));
-}
-
-// ncclInProgress is not an error for a non-blocking communicator: the call is queued.
-#define DH_NCCL_CHECK(expr)                                                              \
-  do {                                                                                   \
-    const ncclResult_t dh_nr_ = (expr);                                                  \
-    if (dh_nr_ != ncclSuccess && dh_nr_ != ncclInProgress)                               \
-      return Fail(NcclStatus(dh_nr_, #expr, __FILE__, __LINE__, rank_, comm_));          \
-  } while (0)
-
-#define DH_CUDA_CHECK(expr)                                                       \
-  do {                                                                            \
-    const cudaError_t dh_ce_ = (expr);                                            \
-    if (dh_ce_ != cudaSuccess) return Fail(CudaStatus(dh_ce_, #expr, __FILE__, __LINE__, rank_)); \
-  } while (0)
+// The collective is aborted on any failure (Fail), so later calls answer FAILED_PRECONDITION.
+#define DH_NCCL_CHECK(expr) DH_RETURN_IF_ERROR(Fail(DH_NCCL_STATUS(expr, rank_, comm_)))
+#define DH_CUDA_CHECK(expr) DH_RETURN_IF_ERROR(Fail(DH_CUDA_STATUS(expr, rank_)))
 
 class NcclCollective : public Collective {
  public:
@@ -202,7 +172,7 @@ class NcclCollective : public Collective {
       DH_NCCL_CHECK(ncclCommGetAsyncError(comm_, &st));
       if (st == ncclSuccess) return absl::OkStatus();
       if (st != ncclInProgress)
-        return Fail(NcclStatus(st, what, __FILE__, __LINE__, rank_, comm_));
+        return Fail(NcclCallStatus(st, what, __FILE__, __LINE__, rank_, &comm_));
       if (Clock::now() >= deadline)
         return Fail(absl::DeadlineExceededError(
             absl::StrCat("nccl (rank ", rank_, "): ", what, " did not complete in time")));
@@ -215,11 +185,11 @@ class NcclCollective : public Collective {
     for (int spins = 0;; ++spins) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return absl::OkStatus();
-      if (q != cudaErrorNotReady) return Fail(CudaStatus(q, what, __FILE__, __LINE__, rank_));
+      if (q != cudaErrorNotReady) return Fail(CudaCallStatus(q, what, __FILE__, __LINE__, rank_));
       ncclResult_t st = ncclSuccess;
       DH_NCCL_CHECK(ncclCommGetAsyncError(comm_, &st));
       if (st != ncclSuccess && st != ncclInProgress)
-        return Fail(NcclStatus(st, what, __FILE__, __LINE__, rank_, comm_));
+        return Fail(NcclCallStatus(st, what, __FILE__, __LINE__, rank_, &comm_));
       if (Clock::now() >= deadline)
         return Fail(absl::DeadlineExceededError(absl::StrCat(
             "nccl (rank ", rank_, "): ", what, " timed out waiting for the peers")));

@@ -9,13 +9,19 @@
 #include <vector>
 
 #include "kernels/candidate.h"
+#include "kernels/reduce_mode.h"
 
 namespace drafthead {
 
 inline constexpr int kMaxRowsLimit = 256;   // hard cap on --max-rows
-inline constexpr int kMaxTopKLimit = 1024;  // hard cap on --max-top-k
+inline constexpr int kMaxTopKLimit = static_cast<int>(kMaxTopK);  // hard cap on --max-top-k
 
 enum class RowMode : uint8_t { kFullLogits = 0, kTopK = 1, kArgmax = 2, kSample = 3 };
+// The backends hand a RowMode to the kernels as a ReduceMode by value (kernels/reduce_mode.h).
+static_assert(static_cast<int>(RowMode::kFullLogits) == static_cast<int>(ReduceMode::kFullLogits) &&
+              static_cast<int>(RowMode::kTopK) == static_cast<int>(ReduceMode::kTopK) &&
+              static_cast<int>(RowMode::kArgmax) == static_cast<int>(ReduceMode::kArgmax) &&
+              static_cast<int>(RowMode::kSample) == static_cast<int>(ReduceMode::kSample));
 enum class RowHead : uint8_t { kFp8Twin = 0, kBf16Exact = 1 };
 enum class OutDType : uint8_t { kBf16 = 0, kFp32 = 1 };
 

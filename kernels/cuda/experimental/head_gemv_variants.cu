@@ -1,0 +1,48 @@
+#include "kernels/cuda/experimental/head_gemv_variants.cuh"
+
+#include "kernels/cuda/head_gemv_kernel.cuh"
+
+namespace drafthead::cuda {
+namespace {
+
+// The round-2 configurations: 16-row units (RT = 1), M <= 16 only.
+template <int D, int W, int KS, bool HINT = true, int PFD = 0>
+cudaError_t SmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                   int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    case 1: return LaunchFast<1, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                               const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
+                               cudaStream_t stream) {
+  if (variant == -1) return HeadGemvFp8(x, m, k, codes, exps, n, y, ldy, false, stream);
+  DH_CUDA_TRY(ValidateGemv(x, m, k, codes, exps, n, y, ldy));
+  return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) -> cudaError_t {
+    switch (variant) {
+      case 0:
+      case 4: return DispatchByBucket<kDefaultDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 2: return DispatchByBucket<2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 8:
+        if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
+        return DispatchByBucket<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 100:
+        return DispatchByBucket<kDefaultDepth, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 200: return SmallM<4, 16, 1, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 302: return SmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 304: return SmallM<4, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 314: return SmallM<4, 16, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 408: return SmallM<4, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 416: return SmallM<4, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  });
+}
+
+}  // namespace drafthead::cuda

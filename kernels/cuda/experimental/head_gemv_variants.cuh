@@ -1,0 +1,23 @@
+// The fp8 GEMV's measured alternatives (docs/cuda.md), for drafthead-bench-cuda and
+// cuda_kernels_test only: built into drafthead_kernels_cuda_experimental, never into the server.
+// Same contract as HeadGemvFp8 (kernels/cuda/head_gemv.cuh) with the configuration chosen by
+// `variant`.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace drafthead::cuda {
+
+// variant: pipeline depth (register stages of 64 columns): 0 = default, 2, 4, 8 (8: M <= 16
+// only), -1 = the exact fallback, 100 = default depth with the f16-convert dequantization; round 2
+// (M <= 16 only, else cudaErrorInvalidValue): 200 = depth 4 without the L2::256B hint; 302 / 304 =
+// 32 warps a CTA with K split in 2 across warp pairs, depth 2 / 4; 314 = 16 warps, K split in 2;
+// 408 / 416 / 432 = the default plus bulk L2 prefetches of each row 8 / 16 / 32 steps ahead.
+// Unknown variants: cudaErrorInvalidValue.
+cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                               const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
+                               cudaStream_t stream);
+
+}  // namespace drafthead::cuda

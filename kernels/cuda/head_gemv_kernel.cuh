@@ -1,0 +1,428 @@
+// The fp8 GEMV's tensor-core kernel template and its host-side launch (head_gemv.cuh has the
+// contract). Internal to kernels/cuda: head_gemv.cu instantiates the production configuration
+// (DispatchByBucket<kDefaultDepth>); the other template parameters (the f16 dequantization, warps
+// a CTA, split K, no L2 hint, bulk L2 prefetch) are the measured alternatives of docs/cuda.md,
+// instantiated only by kernels/cuda/experimental/head_gemv_variants.cu for the bench and tests.
+// Everything here has internal linkage (one copy per including .cu: no kernel ODR across TUs).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/head_gemv.cuh"
+#include "kernels/numeric.h"
+
+namespace drafthead::cuda {
+namespace {
+
+// A warp owns RT 16-row mma tiles (RT = 1: 16 rows, RT = 2: one 32-row exponent block) at a time;
+// CTAs have WarpsFor(RT) warps. Small M uses RT = 1 so that ~15 warps per SM share the shard
+// (latency hiding); large M uses RT = 2 so each x fragment read from shared memory feeds two
+// tiles (shared-memory bandwidth).
+constexpr int WarpsFor(int rt) { return rt == 1 ? 16 : 8; }
+constexpr int kSmemBudget = 200 * 1024;     // x buffers (H200: 227 KB per block at most)
+
+// ---- PTX helpers ---------------------------------------------------------------------------
+// Streaming 16-byte load: the weights are read once, so keep them out of L1; the L2::256B hint
+// makes L2 fetch the whole 256-byte span of the row (the next steps' loads), so DRAM sees long
+// contiguous bursts although one warp instruction touches 8 rows x 64 bytes.
+template <bool HINT = true>
+__device__ __forceinline__ uint4 LdgStream(const void* p) {
+  uint4 r;
+  if constexpr (HINT) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  }
+  return r;
+}
+
+// Bulk L2 prefetch of `bytes` (a multiple of 16, 16-byte aligned) at p: no registers, no
+// completion to wait for; the later loads find the lines in L2.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* g, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(g), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Dequantization of 4 e4m3 codes (one 32-bit word) into two bf16x2 registers equal to
+// code value * 2^e, exactly. Two routes (template parameter CONV):
+//  kConvPrmt (default): byte permute with sign replication puts each code's sign at bit 15 and
+//   its exponent/mantissa at bits 4..10 of a bf16: that bf16 is value * 2^-120 (e4m3 subnormals
+//   become bf16 subnormals), then one bf16 multiply by 2^(e+120) (needs e <= 7). 4 ops a pair.
+//  kConvF16: the hardware e4m3x2 -> f16x2 convert (exact, all normal), the f16 bits moved down to
+//   bf16 (value * 2^-112), times 2^(e+112). 5 ops a pair; kept as the cross-check.
+constexpr int kConvPrmt = 0, kConvF16 = 1;
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t Hmul2Bf16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+template <int CONV>
+__device__ __forceinline__ void DequantWord(uint32_t w, uint32_t scale2, uint32_t& lo,
+                                            uint32_t& hi) {
+  if constexpr (CONV == kConvPrmt) {
+    // [sign(c1) c1 sign(c0) c0] and [sign(c3) c3 sign(c2) c2]
+    const uint32_t p01 = Prmt(w, 0x9180u), p23 = Prmt(w, 0xB3A2u);
+    lo = Hmul2Bf16((p01 << 4) & 0x87f087f0u, scale2);
+    hi = Hmul2Bf16((p23 << 4) & 0x87f087f0u, scale2);
+  } else {
+    uint32_t h0, h1;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(w));
+    lo = Hmul2Bf16(((h0 & 0x7fff7fffu) >> 3) | (h0 & 0x80008000u), scale2);
+    hi = Hmul2Bf16(((h1 & 0x7fff7fffu) >> 3) | (h1 & 0x80008000u), scale2);
+  }
+}
+
+// bf16x2 of 2^(e + bias) for the biased block exponent byte (e = byte - 127).
+template <int CONV>
+__device__ __forceinline__ uint32_t ScalePair(uint32_t exp_byte) {
+  const uint32_t f = (exp_byte + (CONV == kConvPrmt ? 120u : 112u)) << 7;
+  return f | (f << 16);
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- the tensor-core kernel ----------------------------------------------------------------
+// Work unit: one warp x RT 16-row mma tiles (16 or 32 rows, inside one exponent block) x all of
+// K, in steps of 64 columns. Lane (g = lane/4, t = lane%4) loads 16 bytes of rows g, g+8
+// (, g+16, g+24) at column 64s + 16t. The dot product does not care which physical column feeds which mma k-slot as long
+// as A (weights) and B (x) agree, so slot pairs {2t,2t+1} / {2t+8,2t+9} of k16 substep j are
+// physical columns 16t + 4j + {0,1} / {2,3}: every lane's weights and x are contiguous, one
+// 16-byte load each, and the lane's 16 columns share one block exponent.
+// x lives in shared memory: all of it when it fits (loaded once per CTA), else in double-buffered
+// column chunks that the CTA's warps walk in lock step. The weight loads run D steps ahead in
+// registers (D * 4 * 16 bytes in flight per lane) across chunk boundaries.
+struct GemvArgs {
+  const uint16_t* x;
+  const uint8_t* codes;
+  const uint8_t* exps;
+  float* y;
+  int64_t k, n, ldy;
+  int m;
+  int steps;        // 64-column steps, a multiple of D (columns past k are zeros)
+  int chunk_steps;  // steps per x chunk (== steps when x fits whole), a multiple of D
+  int row_bytes;    // shared-memory stride of one x row: 16 mod 128 keeps B loads conflict-free
+  int red_off;      // KS > 1: byte offset of the split-K partial sums in shared memory
+};
+
+template <int MT, int NT>
+__device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int step0, int nsteps) {
+  const int cols16 = nsteps * 8;  // 16-byte pieces per row (8 bf16 each)
+  const int total = MT * 8 * cols16;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+  for (int i = threadIdx.x; i < total; i += NT) {
+    const int row = i / cols16, c = i - row * cols16;
+    const int64_t col = static_cast<int64_t>(step0) * 64 + c * 8;
+    const bool ok = row < a.m && col < a.k;
+    const uint16_t* src = ok ? a.x + row * a.k + col : a.x;
+    CpAsync16(base + row * a.row_bytes + c * 16, src, ok ? 16u : 0u);
+  }
+  CpAsyncCommit();
+}
+
+// W warps a CTA; KS > 1 (round 2, whole-x mode and RT = 1 only): the CTA's W / KS work units are
+// each split over KS warps along K (warp w: unit w % (W/KS), K part w / (W/KS)), so W = 32 puts
+// 32 warps (64 registers each) on an SM with half the stream each; the partial accumulators are
+// added through shared memory (fixed order: deterministic). HINT: the L2::256B load hint.
+// PFD > 0 (round 2 variant): lanes t == 0 also issue bulk L2 prefetches of their two rows, 512
+// bytes (8 steps) at a time, PFD steps ahead of the loads, so DRAM sees 512-byte row bursts.
+template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
+          int PFD = 0>
+__global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+  static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
+  constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const bool single = a.chunk_steps >= a.steps;
+  const int64_t nblk = (a.n + kRows - 1) / kRows;  // work units of kRows rows
+  const int64_t kblocks = a.k / 32;
+  const int buf_bytes = MT * 8 * a.row_bytes;  // buffer b starts at smem + b * buf_bytes
+
+  // Whole-x mode: x is issued first but waited for only after the first weight loads are in
+  // flight (they do not depend on it).
+  if (single) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+  bool x_ready = !single;
+
+  const int unit = warp % kUnits, kpart = warp / kUnits;
+  const int part_steps = a.steps / KS;  // a.steps is a multiple of D * KS
+  const int s_begin = kpart * part_steps, s_end = s_begin + part_steps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kUnits; base < nblk;
+       base += static_cast<int64_t>(gridDim.x) * kUnits) {
+    const int64_t blk = base + unit;
+    const bool active = blk < nblk;
+    if (KS == 1 && single && !active && x_ready) break;  // no barriers below in this mode
+    const int64_t r0 = blk * kRows;
+    // Loads are never predicated (that costs selects and moves in the hot loop): rows past n read
+    // row n-1 (their outputs are not stored) and columns past k read the last 16 columns (x is
+    // zero there). Codes are always finite (the twin never makes the NaN code), so the garbage
+    // weights contribute exactly 0.
+    const uint8_t* rowp[2 * RT];
+#pragma unroll
+    for (int i = 0; i < 2 * RT; ++i) {
+      const int64_t r = min(r0 + g + 8 * i, a.n - 1);
+      rowp[i] = a.codes + r * a.k;
+    }
+    const uint8_t* ep = a.exps + (min(blk, nblk - 1) * kRows / 32) * kblocks;
+    const int64_t last_col = a.k - 16;
+    const int64_t last_kb = kblocks - 1;
+
+    uint4 wq[D][2 * RT];
+    uint32_t eq[D];
+    auto load = [&](int s, int slot) {
+      if (!active || s >= s_end) return;  // warp-uniform
+      const int64_t col = min(static_cast<int64_t>(s) * 64 + 16 * t, last_col);
+#pragma unroll
+      for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream<HINT>(rowp[i] + col);
+      eq[slot] = __ldg(ep + min(static_cast<int64_t>(2 * s + (t >> 1)), last_kb));
+    };
+    if constexpr (PFD > 0) {
+      if (active && t == 0) {
+        const int64_t end = min(static_cast<int64_t>(PFD + 8) * 64, a.k);
+#pragma unroll
+        for (int i = 0; i < 2 * RT; ++i) PrefetchL2(rowp[i], static_cast<uint32_t>(end));
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d) load(s_begin + d, d);
+    if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
+      CpAsyncWait<0>();
+      __syncthreads();
+      x_ready = true;
+    }
+    if (KS == 1 && single && !active) break;
+
+    float acc[RT][MT][4];
+#pragma unroll
+    for (int T = 0; T < RT; ++T)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[T][j][c] = 0.f;
+
+    const int nchunks = single ? 1 : (a.steps + a.chunk_steps - 1) / a.chunk_steps;
+    if (!single) {
+      __syncthreads();  // the previous round's readers are done with buffer 0
+      LoadXChunk<MT, kThreads>(a, smem, 0, min(a.chunk_steps, a.steps));
+    }
+    int chunk_step0 = 0;
+    const uint8_t* xs = smem;
+    for (int s0 = s_begin; s0 < s_end; s0 += D) {
+      if (!single && s0 % a.chunk_steps == 0) {
+        const int q = s0 / a.chunk_steps;
+        __syncthreads();  // everyone is done with the buffer chunk q+1 goes to
+        if (q + 1 < nchunks) {
+          const int next0 = (q + 1) * a.chunk_steps;
+          LoadXChunk<MT, kThreads>(a, smem + ((q + 1) & 1) * buf_bytes, next0, min(a.chunk_steps, a.steps - next0));
+          CpAsyncWait<1>();
+        } else {
+          CpAsyncWait<0>();
+        }
+        __syncthreads();  // chunk q is visible to every warp
+        chunk_step0 = s0;
+        xs = smem + (q & 1) * buf_bytes;
+      }
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        const int s = s0 + d;
+        if constexpr (PFD > 0) {
+          if (active && t == 0 && (s & 7) == 0) {
+            const int64_t off = static_cast<int64_t>(s + PFD + 8) * 64;
+            if (off < a.k) {
+              const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(512), a.k - off));
+#pragma unroll
+              for (int i = 0; i < 2 * RT; ++i) PrefetchL2(rowp[i] + off, bytes);
+            }
+          }
+        }
+        if (active) {
+          const uint32_t scale2 = ScalePair<CONV>(eq[d]);
+          // A fragments: af[i][2j] = codes 4j,4j+1 of row i; af[i][2j+1] = codes 4j+2,4j+3.
+          uint32_t af[2 * RT][8];
+#pragma unroll
+          for (int i = 0; i < 2 * RT; ++i) {
+            DequantWord<CONV>(wq[d][i].x, scale2, af[i][0], af[i][1]);
+            DequantWord<CONV>(wq[d][i].y, scale2, af[i][2], af[i][3]);
+            DequantWord<CONV>(wq[d][i].z, scale2, af[i][4], af[i][5]);
+            DequantWord<CONV>(wq[d][i].w, scale2, af[i][6], af[i][7]);
+          }
+          // The slot is free once converted: refill it D steps ahead before the mma work.
+          load(s + D, d);
+          const uint8_t* xrow = xs + (s - chunk_step0) * 128 + 32 * t;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint8_t* p = xrow + (mt * 8 + g) * a.row_bytes;
+            const uint4 b01 = *reinterpret_cast<const uint4*>(p);
+            const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
+            const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+              for (int T = 0; T < RT; ++T)
+                Mma(acc[T][mt], af[2 * T][2 * j], af[2 * T + 1][2 * j], af[2 * T][2 * j + 1],
+                    af[2 * T + 1][2 * j + 1], b[2 * j], b[2 * j + 1]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (KS > 1) {
+      // Partial sums of K parts 1.. to shared memory, added by the part-0 warp in part order.
+      float* red = reinterpret_cast<float*>(smem + a.red_off);
+      constexpr int kPer = MT * 4 * 32;  // floats per warp
+      __syncthreads();  // the previous round's readers are done
+      if (kpart > 0 && active) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            red[((kpart - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane] = acc[0][mt][c];
+      }
+      __syncthreads();
+      if (kpart > 0) continue;
+      if (active) {
+#pragma unroll
+        for (int q = 1; q < KS; ++q)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              acc[0][mt][c] += red[((q - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane];
+      }
+    }
+    if (!active) continue;
+    // C fragment: c0,c1 = (row g, cols 2t, 2t+1), c2,c3 = (row g+8, ...): rows are vocab
+    // entries n, cols are batch rows m.
+#pragma unroll
+    for (int T = 0; T < RT; ++T) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t nn = r0 + 16 * T + g + ((c & 2) ? 8 : 0);
+          const int mm = mt * 8 + 2 * t + (c & 1);
+          if (mm < a.m && nn < a.n) a.y[mm * a.ldy + nn] = acc[T][mt][c];
+        }
+      }
+    }
+  }
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2), int W = WarpsFor(RT),
+          int KS = 1, bool HINT = true, int PFD = 0>
+cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                       const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                       cudaStream_t stream) {
+  // Cheap runtime calls; done per launch so a process may use several devices.
+  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
+  int dev = 0, sms = 0;
+  DH_CUDA_TRY(cudaGetDevice(&dev));
+  DH_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0};
+  const int raw_steps = static_cast<int>((k + 63) / 64);
+  a.steps = (raw_steps + D * KS - 1) / (D * KS) * (D * KS);
+  const int rows = MT * 8;
+  auto bytes_for = [&](int chunk_steps, int bufs) {
+    return static_cast<size_t>(bufs) * rows * (chunk_steps * 128 + 16);
+  };
+  if (bytes_for(a.steps, 1) <= static_cast<size_t>(kSmemBudget)) {
+    a.chunk_steps = a.steps;
+  } else {
+    const int per_row = kSmemBudget / (2 * rows) - 16;
+    a.chunk_steps = per_row / 128 / D * D;
+    if (a.chunk_steps < D) return cudaErrorInvalidValue;
+  }
+  a.row_bytes = a.chunk_steps * 128 + 16;
+  size_t smem = bytes_for(a.chunk_steps, a.chunk_steps >= a.steps ? 1 : 2);
+  if constexpr (KS > 1) {
+    if (a.chunk_steps < a.steps) return cudaErrorNotSupported;  // x must fit whole
+    a.red_off = static_cast<int>((smem + 15) / 16 * 16);
+    smem = a.red_off + static_cast<size_t>(KS - 1) * (W / KS) * MT * 4 * 32 * 4;
+    if (smem > static_cast<size_t>(kSmemBudget)) return cudaErrorNotSupported;
+  }
+  constexpr int kUnits = W / KS;
+  const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
+  const int64_t ctas = (nblk + kUnits - 1) / kUnits;
+  const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
+  GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD><<<grid, W * 32, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// The production pipeline depth: 4 register stages of 64 columns for every bucket (measured best
+// or within noise of 8 and 3 in run 5, docs/cuda.md; no spills at 4 up to 64 rows).
+constexpr int kDefaultDepth = 4;
+
+// One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D.
+template <int D, int CONV = kConvPrmt>
+cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                             const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                             cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
+    // K-split variants 302/314 within 0-3.5%: none replaces these.)
+    case 1: return LaunchFast<1, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The argument checks of head_gemv.cuh (cudaErrorInvalidValue).
+inline cudaError_t ValidateGemv(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                                const uint8_t* exps, int64_t n, float* y, int64_t ldy) {
+  if (m < 1 || n < 1 || k < 32 || k % 32 != 0 || ldy < n) return cudaErrorInvalidValue;
+  if (!x || !codes || !exps || !y || !Aligned16(x) || !Aligned16(codes)) return cudaErrorInvalidValue;
+  if (n > (int64_t{1} << 40)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// Runs `pass` over chunks of at most 64 rows.
+template <typename F>
+cudaError_t ByPasses(const uint16_t* x, int m, int64_t k, float* y, int64_t ldy, F&& pass) {
+  for (int r = 0; r < m; r += kGemvMaxRowsPerPass) {
+    const int mm = std::min(kGemvMaxRowsPerPass, m - r);
+    DH_CUDA_TRY(pass(x + static_cast<int64_t>(r) * k, mm, y + static_cast<int64_t>(r) * ldy));
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace drafthead::cuda
