@@ -123,13 +123,13 @@ check("drafthead:9464" in targets, "prometheus.yml scrapes drafthead:9464")
 check(all(r in [m["target"] for m in mounts.values()] for r in pcfg.get("rule_files", [])),
       "prometheus.yml's rule files are mounted by compose")
 rules = load(os.path.join(DEPLOY, "prometheus-rules.yml"))[0]
-metric_names = set(re.findall(r'"(drafthead_[a-z_]+)"', open(os.path.join(SRC, "server", "metrics.cc")).read()))
+metric_names = set(re.findall(r'"(drafthead_[a-z_]+)"', open(os.path.join(SRC, "server", "sched", "metrics.cc")).read()))
 used = set()
 for g in rules["groups"]:
     for r in g["rules"]:
         used |= set(re.findall(r"drafthead_[a-z_]+", r["expr"]))
 unknown = {u for u in used if u not in metric_names and re.sub(r"_(bucket|sum|count)$", "", u) not in metric_names}
-check(not unknown, f"alert rules use only metrics server/metrics.cc exports (unknown: {sorted(unknown)})")
+check(not unknown, f"alert rules use only metrics server/sched/metrics.cc exports (unknown: {sorted(unknown)})")
 promtool = shutil.which("promtool")
 if promtool:
     with tempfile.TemporaryDirectory() as t:
