@@ -1,8 +1,8 @@
 // drafthead-fake-server: a stand-in for drafthead-server that answers at once, for the client's
 // own tests and for measuring how many requests/s the load tester can drive.
 //
-// It validates requests like the real server (INVALID_ARGUMENT naming the field) and computes a toy
-// head that is cheap and easy to check from a test:
+// It validates requests with the real server's code (server/api/request.h: INVALID_ARGUMENT naming
+// the field) and computes a toy head that is cheap and easy to check from a test:
 //   y[m, n] = x[m, n mod K] * (1 + (n div K) / 4)        (x the bf16 hidden value, in fp32)
 // with the real server's reductions (ties to the smaller id; exact softmax over the vocabulary;
 // SAMPLE by Gumbel-max with kernels/numeric.h's counter-based noise).
@@ -38,6 +38,7 @@
 #include "drafthead/v1/drafthead.grpc.pb.h"
 #include "client/cli_util.h"
 #include "kernels/numeric.h"
+#include "server/api/request.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT to listen on (port 0: pick a free one)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
@@ -69,66 +70,53 @@ uint32_t NowUsSince(std::chrono::steady_clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
-// Validates `req` and fills `resp`; a non-OK status names the offending field.
+// Validates `req` with the server's own PrepareRequest (server/api/request.h) and fills `resp`;
+// a non-OK status names the offending field.
 grpc::Status Compute(const Config& c, const LogitsRequest& req, LogitsResponse* resp) {
-  auto bad = [](const std::string& m) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m); };
-  const uint32_t rows = req.rows();
-  if (rows < 1 || rows > c.max_rows) return bad(absl::StrCat("rows: ", rows, " not in 1..", c.max_rows));
-  const size_t esize = req.hidden_dtype() == v1::FP32 ? 4 : 2;
-  if (req.hidden_dtype() != v1::BF16 && req.hidden_dtype() != v1::FP32) return bad("hidden_dtype: unknown");
-  if (req.hidden().size() != size_t{rows} * c.hidden * esize) {
-    return bad(absl::StrCat("hidden: ", req.hidden().size(), " bytes, expected rows x ", c.hidden, " x ", esize));
-  }
-  if (req.head() != v1::FP8_TWIN && req.head() != v1::BF16_EXACT) return bad("head: unknown");
-  std::vector<float> x(size_t{rows} * c.hidden);
-  const char* h = req.hidden().data();
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (esize == 2) {
-      uint16_t b;
-      std::memcpy(&b, h + 2 * i, 2);
-      x[i] = Bf16ToFloat(b);
-    } else {
-      float f;
-      std::memcpy(&f, h + 4 * i, 4);
-      x[i] = Bf16ToFloat(FloatToBf16(f));  // the head takes bf16 x
-    }
-    if (!std::isfinite(x[i])) return bad(absl::StrCat("hidden: non-finite value at element ", i));
-  }
+  ServingLimits limits;
+  limits.hidden = c.hidden;
+  limits.vocab_size = c.vocab;
+  limits.max_rows = c.max_rows;
+  limits.max_top_k = c.max_top_k;
+  limits.has_bf16 = true;  // the toy serves both heads (GetModelInfo lists them)
+  absl::StatusOr<PreparedRequest> p = PrepareRequest(req, limits);
+  if (!p.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(p.status().message()));
+  const RowTask& task = p->task;
+  const uint32_t rows = p->rows;
+  std::vector<float> x(p->x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = Bf16ToFloat(p->x[i]);  // the head takes bf16 x
   const uint32_t V = c.vocab, K = c.hidden;
   auto logit = [&](uint32_t m, uint32_t n) { return x[size_t{m} * K + n % K] * (1.0f + static_cast<float>(n / K) * 0.25f); };
   resp->set_request_id(req.request_id());
   resp->set_rows(rows);
   resp->set_vocab_size(V);
-  switch (req.mode()) {
-    case v1::FULL_LOGITS: {
-      const bool fp32 = req.logits_dtype() == v1::FP32;
-      if (req.logits_dtype() != v1::BF16 && !fp32) return bad("logits_dtype: unknown");
+  switch (task.mode) {
+    case RowMode::kFullLogits: {
+      const bool fp32 = task.dtype == OutDType::kFp32;
       resp->set_logits_dtype(req.logits_dtype());
       std::string* out = resp->mutable_logits();
       out->resize(size_t{rows} * V * (fp32 ? 4 : 2));
-      char* p = out->data();
+      char* o = out->data();
       for (uint32_t m = 0; m < rows; ++m) {
         for (uint32_t n = 0; n < V; ++n) {
           const float y = logit(m, n);
           if (fp32) {
-            std::memcpy(p, &y, 4);
-            p += 4;
+            std::memcpy(o, &y, 4);
+            o += 4;
           } else {
             const uint16_t b = FloatToBf16(y);
-            std::memcpy(p, &b, 2);
-            p += 2;
+            std::memcpy(o, &b, 2);
+            o += 2;
           }
         }
       }
       break;
     }
-    case v1::TOP_K:
-    case v1::ARGMAX: {
-      const uint32_t k = req.mode() == v1::TOP_K ? req.top_k() : 1;
-      if (k < 1 || k > c.max_top_k || k > V) return bad(absl::StrCat("top_k: ", k, " not in 1..", std::min(c.max_top_k, V)));
-      float t = req.temperature() == 0.0f ? 1.0f : req.temperature();
-      const bool probs = req.mode() == v1::TOP_K && req.return_probs();
-      if (probs && !(t > 0.0f)) return bad("temperature: must be > 0 (or 0 for 1)");
+    case RowMode::kTopK:
+    case RowMode::kArgmax: {
+      const uint32_t k = task.k;
+      const float t = task.temperature;
+      const bool probs = task.want_probs != 0;
       std::vector<uint32_t> ids(V);
       for (uint32_t m = 0; m < rows; ++m) {
         std::iota(ids.begin(), ids.end(), 0u);
@@ -149,14 +137,12 @@ grpc::Status Compute(const Config& c, const LogitsRequest& req, LogitsResponse* 
       }
       break;
     }
-    case v1::SAMPLE: {
-      const float t = req.temperature();
-      if (!(t > 0.0f) || !std::isfinite(t)) return bad("temperature: must be > 0 for SAMPLE");
+    case RowMode::kSample: {
       for (uint32_t m = 0; m < rows; ++m) {
         uint32_t best = 0;
         float best_key = -INFINITY;
         for (uint32_t n = 0; n < V; ++n) {
-          const float key = SampleKey(logit(m, n), t, req.seed(), m, n);
+          const float key = SampleKey(logit(m, n), task.temperature, task.seed, m, n);
           if (key > best_key) {
             best_key = key;
             best = n;
@@ -167,8 +153,6 @@ grpc::Status Compute(const Config& c, const LogitsRequest& req, LogitsResponse* 
       }
       break;
     }
-    default:
-      return bad("mode: unknown");
   }
   resp->mutable_timing()->set_batch_rows(rows);
   return grpc::Status::OK;

@@ -26,7 +26,7 @@
 #include "client/drafthead_client.h"
 #include "client/load_report.h"
 #include "client/load_tester.h"
-#include "client/safetensors_io.h"
+#include "common/safetensors.h"
 #include "kernels/numeric.h"
 #include "nlohmann/json.hpp"
 
@@ -203,24 +203,24 @@ struct HiddenMatrix {
 // The tensor as [rows, K] (leading dimensions flattened), rows [a, b) of it.
 absl::StatusOr<HiddenMatrix> LoadHidden(const std::string& path, const std::string& name, const std::string& range) {
   if (path.empty() || name.empty()) return absl::InvalidArgumentError("--hidden=FILE and --tensor=NAME are required");
-  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Read(path);
+  absl::StatusOr<std::unique_ptr<st::SafetensorsFile>> f = st::SafetensorsFile::Open(path);
   if (!f.ok()) return f.status();
-  absl::StatusOr<const SafetensorsTensor*> t = f->Find(name);
+  absl::StatusOr<const st::TensorInfo*> t = (*f)->Find(name);
   if (!t.ok()) return t.status();
-  const SafetensorsTensor& x = **t;
+  const st::TensorInfo& x = **t;
   HiddenMatrix m;
-  if (x.dtype == "BF16") {
+  if (x.dtype == st::DType::kBF16) {
     m.dtype = v1::BF16;
-  } else if (x.dtype == "F32") {
+  } else if (x.dtype == st::DType::kF32) {
     m.dtype = v1::FP32;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\" is ", x.dtype, "; want BF16 or F32"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\" is ", st::DTypeName(x.dtype), "; want BF16 or F32"));
   }
   if (x.shape.empty() || x.shape.back() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\" needs shape [..., K] with K > 0"));
   }
   m.cols = x.shape.back();
-  const uint64_t all_rows = x.elements() / m.cols;
+  const uint64_t all_rows = static_cast<uint64_t>(x.numel) / m.cols;
   uint64_t a = 0, b = all_rows;
   if (!range.empty()) {
     std::vector<std::string> p = absl::StrSplit(range, ':');
@@ -234,13 +234,13 @@ absl::StatusOr<HiddenMatrix> LoadHidden(const std::string& path, const std::stri
   }
   const size_t esize = m.dtype == v1::FP32 ? 4 : 2;
   m.rows = b - a;
-  m.bytes = x.data.substr(a * m.cols * esize, m.rows * m.cols * esize);
+  absl::StatusOr<std::pair<const uint8_t*, uint64_t>> data = (*f)->Bytes(name);
+  if (!data.ok()) return data.status();
+  m.bytes.assign(reinterpret_cast<const char*>(data->first) + a * m.cols * esize, m.rows * m.cols * esize);
   return m;
 }
 
 // ---- logits -----------------------------------------------------------------------------------
-
-std::string FloatsBytes(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
 
 int RunLogits() {
   absl::StatusOr<absl::Duration> timeout = ParseSeconds(TimeoutFlag("30s"), "timeout");
@@ -289,19 +289,20 @@ int RunLogits() {
       probs.insert(probs.end(), r->probs.begin(), r->probs.end());
     }
   }
-  std::vector<SafetensorsTensor> out;
+  std::vector<st::TensorData> out;  // borrows logits / ids / values / probs
+  const int64_t R = static_cast<int64_t>(h->rows);
   if (*mode == v1::FULL_LOGITS) {
-    out.push_back({"logits", ro->logits_dtype == v1::FP32 ? "F32" : "BF16", {h->rows, vocab}, std::move(logits)});
+    out.push_back({{"logits", ro->logits_dtype == v1::FP32 ? st::DType::kF32 : st::DType::kBF16, {R, vocab}}, logits.data(), logits.size()});
   } else {
-    out.push_back({"token_ids", "I32", {h->rows, k}, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4)});
-    out.push_back({"values", "F32", {h->rows, k}, FloatsBytes(values)});
-    if (*mode == v1::TOP_K && ro->probs) out.push_back({"probs", "F32", {h->rows, k}, FloatsBytes(probs)});
+    out.push_back({{"token_ids", st::DType::kI32, {R, k}}, ids.data(), ids.size() * 4});
+    out.push_back({{"values", st::DType::kF32, {R, k}}, values.data(), values.size() * 4});
+    if (*mode == v1::TOP_K && ro->probs) out.push_back({{"probs", st::DType::kF32, {R, k}}, probs.data(), probs.size() * 4});
   }
   std::map<std::string, std::string> meta = {{"mode", absl::GetFlag(FLAGS_mode)},
                                              {"head", absl::GetFlag(FLAGS_head)},
                                              {"server_version", info->version()},
                                              {"vocab_size", absl::StrCat(info->vocab_size())}};
-  if (absl::Status s = WriteSafetensors(absl::GetFlag(FLAGS_out), out, meta); !s.ok()) return Fail(kExitFailed, s);
+  if (absl::Status s = st::WriteSafetensors(absl::GetFlag(FLAGS_out), out, meta); !s.ok()) return Fail(kExitFailed, s);
   return 0;
 }
 

@@ -1,3 +1,5 @@
+// The safetensors reader: dtypes, header parsing and validation, the mmap'd SafetensorsFile.
+// Checkpoint layouts are in safetensors_checkpoint.cc, the writer in safetensors_writer.cc.
 #include "common/safetensors.h"
 
 #include <fcntl.h>
@@ -8,19 +10,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <new>
-#include <set>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/safetensors_internal.h"
 #include "nlohmann/json.hpp"
 
 namespace drafthead::st {
 namespace {
 
+using internal::ErrnoStatus;
+using internal::Quote;
 using json = nlohmann::json;
 
 struct DTypeRow {
@@ -39,29 +42,8 @@ constexpr DTypeRow kDTypes[] = {
     {DType::kF64, "F64", 8},
 };
 
-// This absl has its own string_view type; bridge from std's.
-absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-// Names come from untrusted files: quote them escaped and bounded.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMax = 200;
-  std::string out = absl::StrCat("'", absl::CHexEscape(AV(s.substr(0, kMax))), "'");
-  if (s.size() > kMax) absl::StrAppend(&out, "...");
-  return out;
-}
-
 std::string TensorCtx(const std::string& path, std::string_view tensor) {
   return absl::StrCat(path, ": tensor ", Quote(tensor), ": ");
-}
-
-std::string ErrnoText(int err) { return std::strerror(err); }
-
-absl::Status ErrnoStatus(int err, std::string msg) {
-  absl::StrAppend(&msg, ": ", ErrnoText(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  if (err == ENOSPC || err == EDQUOT || err == ENOMEM) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
 }
 
 uint64_t LoadLe64(const uint8_t* p) {
@@ -302,8 +284,16 @@ SafetensorsFile::~SafetensorsFile() {
 absl::StatusOr<const TensorInfo*> SafetensorsFile::Find(std::string_view tensor) const {
   const TensorInfo* t = header_.Find(tensor);
   if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat(TensorCtx(path_, tensor), "not in the file (",
-                                            header_.tensors.size(), " tensors)"));
+    // Name what is there (a few of them): a user who mistyped --tensor sees the right spelling.
+    constexpr size_t kListed = 8;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < header_.tensors.size() && i < kListed; ++i)
+      names.push_back(Quote(header_.tensors[i].name));
+    if (header_.tensors.size() > kListed) names.push_back("...");
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", Quote(tensor, "\""), " (",
+                                            header_.tensors.size(), " tensors",
+                                            names.empty() ? "" : ": ", absl::StrJoin(names, ", "),
+                                            ")"));
   }
   return t;
 }
@@ -376,285 +366,6 @@ void SafetensorsFile::ReleaseRows(const TensorInfo& t, int64_t r0, int64_t n) co
   uint64_t row_bytes = 0;
   if (!CheckRowRange(t, r0, n, &row_bytes).ok() || row_bytes == 0) return;
   Advise(t, r0, n, MADV_DONTNEED);
-}
-
-// ---- Checkpoint ---------------------------------------------------------------------------------
-
-namespace {
-
-constexpr char kIndexName[] = "model.safetensors.index.json";
-constexpr uint64_t kMaxIndexBytes = 256ull << 20;
-
-// weight_map values name files inside the checkpoint directory; anything that could resolve
-// elsewhere ("../x", "/etc/x", "sub/x", ".") is refused.
-bool IsPlainFileName(const std::string& f) {
-  return !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
-         f.find('\\') == std::string::npos && f.find('\0') == std::string::npos;
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot open"));
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, absl::StrCat(path, ": read"));
-    }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-    if (out.size() > limit) {
-      ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", limit, " bytes"));
-    }
-  }
-  ::close(fd);
-  return out;
-}
-
-absl::StatusOr<std::map<std::string, std::string, std::less<>>> ParseIndex(
-    const std::string& index_path) {
-  absl::StatusOr<std::string> text = ReadSmallFile(index_path, kMaxIndexBytes);
-  if (!text.ok()) return text.status();
-  std::map<std::string, std::string, std::less<>> map;
-  try {
-    const json root = json::parse(*text);
-    if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object())
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path, ": no \"weight_map\" object"));
-    for (const auto& [tensor, file] : root["weight_map"].items()) {
-      if (!file.is_string())
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path, ": tensor ", Quote(tensor), ": file is not a string"));
-      const std::string f = file.get<std::string>();
-      if (!IsPlainFileName(f))
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor ", Quote(tensor),
-                                                       ": file ", Quote(f),
-                                                       " is not a plain name in the directory"));
-      map[tensor] = f;
-    }
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(index_path, ": out of memory"));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not valid JSON: ", e.what()));
-  }
-  return map;
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st))
-    return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint file or directory"));
-  std::unique_ptr<Checkpoint> c(new Checkpoint());
-  c->path_ = path;
-  if (!fs::is_directory(st)) {
-    c->single_file_ = path;
-    return c;
-  }
-  c->dir_ = path;
-  const std::string index = absl::StrCat(path, "/", kIndexName);
-  if (fs::exists(index, ec)) {
-    absl::StatusOr<std::map<std::string, std::string, std::less<>>> m = ParseIndex(index);
-    if (!m.ok()) return m.status();
-    c->weight_map_ = *std::move(m);
-    return c;
-  }
-  std::vector<std::string> found;
-  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() > 12 && name.ends_with(".safetensors") && it->is_regular_file(ec))
-      found.push_back(name);
-  }
-  if (ec) return absl::InternalError(absl::StrCat(path, ": listing the directory: ", ec.message()));
-  std::sort(found.begin(), found.end());
-  if (found.empty())
-    return absl::NotFoundError(absl::StrCat(path, ": no ", kIndexName, " and no *.safetensors"));
-  if (found.size() > 1)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", found.size(),
-                                                   " *.safetensors files (", absl::StrJoin(found, ", "),
-                                                   ") and no ", kIndexName, " to say which holds what"));
-  c->single_file_ = absl::StrCat(path, "/", found[0]);
-  return c;
-}
-
-absl::StatusOr<const SafetensorsFile*> Checkpoint::File(std::string_view tensor) {
-  std::string file = single_file_;
-  if (file.empty()) {
-    auto it = weight_map_.find(tensor);
-    if (it == weight_map_.end())
-      return absl::NotFoundError(absl::StrCat(dir_, "/", kIndexName, ": tensor ", Quote(tensor),
-                                              " is not in the weight_map"));
-    file = absl::StrCat(dir_, "/", it->second);
-  }
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = files_.find(file);
-  if (it == files_.end()) {
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(file);
-    if (!f.ok()) {
-      // Header-level errors do not know which tensor was wanted: say so.
-      const std::string q = Quote(tensor);
-      if (f.status().message().find(q) != absl::string_view::npos) return f.status();
-      return absl::Status(f.status().code(),
-                          absl::StrCat(f.status().message(), " (reading tensor ", q, ")"));
-    }
-    it = files_.emplace(file, *std::move(f)).first;
-  }
-  const SafetensorsFile* f = it->second.get();
-  if (absl::StatusOr<const TensorInfo*> t = f->Find(tensor); !t.ok()) return t.status();
-  return f;
-}
-
-absl::StatusOr<const TensorInfo*> Checkpoint::Info(std::string_view tensor) {
-  absl::StatusOr<const SafetensorsFile*> f = File(tensor);
-  if (!f.ok()) return f.status();
-  return (*f)->Find(tensor);
-}
-
-absl::Status Checkpoint::ReadRows(std::string_view tensor, int64_t r0, int64_t n, void* dst,
-                                  uint64_t dst_bytes) {
-  absl::StatusOr<const SafetensorsFile*> f = File(tensor);
-  if (!f.ok()) return f.status();
-  return (*f)->ReadRows(tensor, r0, n, dst, dst_bytes);
-}
-
-// ---- writing ------------------------------------------------------------------------------------
-
-absl::StatusOr<std::string> SerializeHeader(const std::vector<TensorSpec>& tensors,
-                                            const std::map<std::string, std::string>& metadata) {
-  try {
-    json root = json::object();
-    std::set<std::string> names;
-    uint64_t offset = 0;
-    for (const TensorSpec& t : tensors) {
-      if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second)
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor name ", Quote(t.name), " is empty, reserved or repeated"));
-      uint64_t bytes = static_cast<uint64_t>(DTypeSize(t.dtype));
-      json shape = json::array();
-      for (int64_t d : t.shape) {
-        if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
-          return absl::InvalidArgumentError(
-              absl::StrCat("tensor ", Quote(t.name), ": bad or overflowing shape"));
-        shape.push_back(d);
-      }
-      json entry = json::object();
-      entry["dtype"] = std::string(DTypeName(t.dtype));
-      entry["shape"] = std::move(shape);
-      entry["data_offsets"] = json::array({offset, offset + bytes});
-      root[t.name] = std::move(entry);
-      offset += bytes;
-    }
-    if (!metadata.empty()) {
-      json meta = json::object();
-      for (const auto& [k, v] : metadata) meta[k] = v;
-      root["__metadata__"] = std::move(meta);
-    }
-    std::string text = root.dump();
-    // The format recommends padding with spaces so the data section starts 8-byte aligned.
-    text.append((8 - text.size() % 8) % 8, ' ');
-    return text;
-  } catch (const std::exception& e) {  // e.g. a name that is not UTF-8
-    return absl::InvalidArgumentError(absl::StrCat("cannot serialize the header: ", e.what()));
-  }
-}
-
-absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::string& path, std::vector<TensorSpec> tensors,
-    const std::map<std::string, std::string>& metadata) {
-  absl::StatusOr<std::string> header = SerializeHeader(tensors, metadata);
-  if (!header.ok())
-    return absl::Status(header.status().code(),
-                        absl::StrCat(path, ": ", header.status().message()));
-  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
-  w->path_ = path;
-  w->tmp_path_ = absl::StrCat(path, ".tmp.", ::getpid());
-  for (const TensorSpec& t : tensors) {
-    uint64_t bytes = static_cast<uint64_t>(DTypeSize(t.dtype));
-    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);  // checked by SerializeHeader
-    w->data_total_ += bytes;
-  }
-  w->fd_ = ::open(w->tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w->fd_ < 0) return ErrnoStatus(errno, absl::StrCat(w->tmp_path_, ": cannot create"));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header->size() >> (8 * i));
-  if (absl::Status s = w->WriteRaw(len, 8); !s.ok()) return s;
-  if (absl::Status s = w->WriteRaw(header->data(), header->size()); !s.ok()) return s;
-  return w;
-}
-
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_ && !tmp_path_.empty()) ::unlink(tmp_path_.c_str());
-}
-
-absl::Status SafetensorsWriter::WriteRaw(const void* data, uint64_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(bytes, 1ull << 30));
-    const ssize_t w = ::write(fd_, p, chunk);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return ErrnoStatus(errno, absl::StrCat(tmp_path_, ": write"));
-    p += w;
-    bytes -= static_cast<uint64_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
-  if (finished_ || fd_ < 0)
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": append after Finish"));
-  if (bytes > data_total_ - data_written_)
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": ", bytes, " more bytes than the ",
-                                                   data_total_ - data_written_, " left to write"));
-  if (absl::Status s = WriteRaw(data, bytes); !s.ok()) return s;
-  data_written_ += bytes;
-  return absl::OkStatus();
-}
-
-absl::Status SafetensorsWriter::Finish() {
-  if (finished_ || fd_ < 0)
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": Finish called twice"));
-  if (data_written_ != data_total_)
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": ", data_written_, " of ",
-                                                      data_total_, " data bytes written"));
-  if (::fsync(fd_) != 0) return ErrnoStatus(errno, absl::StrCat(tmp_path_, ": fsync"));
-  const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) return ErrnoStatus(errno, absl::StrCat(tmp_path_, ": close"));
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0)
-    return ErrnoStatus(errno, absl::StrCat("rename ", tmp_path_, " -> ", path_));
-  finished_ = true;
-  return absl::OkStatus();
-}
-
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  std::vector<TensorSpec> specs;
-  specs.reserve(tensors.size());
-  for (const TensorData& t : tensors) {
-    uint64_t need = static_cast<uint64_t>(DTypeSize(t.spec.dtype));
-    bool overflow = false;
-    for (int64_t d : t.spec.shape)
-      overflow |= d < 0 || __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need);
-    if (overflow || need != t.bytes || (t.bytes > 0 && t.data == nullptr))
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(t.spec.name), ": ",
-                                                     t.bytes, " bytes given for its shape"));
-    specs.push_back(t.spec);
-  }
-  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
-      SafetensorsWriter::Create(path, std::move(specs), metadata);
-  if (!w.ok()) return w.status();
-  for (const TensorData& t : tensors)
-    if (absl::Status s = (*w)->Append(t.data, t.bytes); !s.ok()) return s;
-  return (*w)->Finish();
 }
 
 }  // namespace drafthead::st

@@ -1,4 +1,6 @@
-// safetensors (https://github.com/huggingface/safetensors) reading and writing.
+// safetensors (https://github.com/huggingface/safetensors) reading and writing: the one
+// implementation, used by the server (checkpoints, twin files), drafthead-quantize and the client
+// (hidden-state inputs, logits outputs).
 //
 // Layout: an 8-byte little-endian header length H, H bytes of JSON (an object: tensor name ->
 // {"dtype", "shape", "data_offsets": [begin, end]} plus an optional "__metadata__" object of
@@ -82,7 +84,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   uint64_t file_size() const { return size_; }
 
-  // NOT_FOUND (naming file and tensor) when absent. The pointer lives as long as this object.
+  // NOT_FOUND (naming file and tensor, and listing the first few tensors present) when absent.
+  // The pointer lives as long as this object.
   absl::StatusOr<const TensorInfo*> Find(std::string_view tensor) const;
 
   // The tensor's bytes inside the mapping, valid while this object lives. Bounds were checked at

@@ -1,8 +1,7 @@
 # tests for client (fragment of tests/CMakeLists.txt): the client library, the load tester and its
-# reports, safetensors I/O, the CLI and the Python client, against drafthead-fake-server on
+# reports, the CLI and the Python client, against drafthead-fake-server on
 # 127.0.0.1 (every load loop bounded in requests and time).
 drafthead_add_test(client_histogram_test SOURCES client_histogram_test.cc LIBS drafthead_client LABELS client TIMEOUT 120)
-drafthead_add_test(client_safetensors_test SOURCES client_safetensors_test.cc LIBS drafthead_client LABELS client TIMEOUT 60)
 drafthead_add_test(client_library_test SOURCES client_library_test.cc LIBS drafthead_client LABELS client TIMEOUT 180)
 drafthead_add_test(client_load_test SOURCES client_load_test.cc LIBS drafthead_load LABELS client TIMEOUT 300)
 # The tests start the fake server binary as a child process.

@@ -4,7 +4,6 @@ against it. Loopback only; the server is stopped at the end."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -14,7 +13,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, CLIENT, bf16_bits, free_port, read_safetensors, write_safetensors  # noqa: E402
+from client_test_util import BIN, CLIENT, bf16_bits, free_port, read_safetensors, stop, write_safetensors  # noqa: E402
 
 import drafthead_client as dc  # noqa: E402
 
@@ -49,13 +48,7 @@ class E2EParityTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if cls.proc.poll() is None:
-            cls.proc.send_signal(signal.SIGTERM)
-            try:
-                cls.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                cls.proc.kill()
-                cls.proc.wait()
+        stop(cls.proc, timeout=40)
         cls.log.close()
 
     def cli(self, *args):

@@ -139,6 +139,13 @@ TEST_F(ClientTest, BadRequestIsInvalidArgumentNamingTheField) {
   RequestOptions s;
   s.temperature = 0;
   EXPECT_EQ(client_->Sample(HiddenRows::Bf16(h, 2), s).status().code(), absl::StatusCode::kInvalidArgument);
+  // The fake validates with the server's code: a negative TOP_K temperature is refused, probs or not.
+  RequestOptions neg;
+  neg.k = 3;
+  neg.temperature = -1.0f;
+  auto n = client_->TopK(HiddenRows::Bf16(h, 2), neg);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("temperature"), std::string::npos) << n.status();
 }
 
 TEST_F(ClientTest, AsyncCallbackAndFuture) {

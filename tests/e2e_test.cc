@@ -12,8 +12,9 @@
 #include <thread>
 
 #include "e2e_util.h"
+#include "kernels/numeric.h"
+#include "reference.h"
 #include "server/weights/shard_weights.h"
-#include "server_test_util.h"
 
 namespace drafthead {
 namespace {
@@ -50,8 +51,9 @@ std::vector<float> Fp32(const v1::LogitsResponse& r) {
 void CheckAgainstReference(v1::DraftHead::Stub& stub, const std::vector<uint16_t>& w, int64_t rows,
                            int tp, int64_t vocab) {
   for (int m : {1, 5, 64}) {
-    const auto x = testing::RandomBf16(m * kK, 31 * m);
-    const auto ref = testing::ReferenceTwinLogits(w, rows, kK, tp, vocab, x, m);
+    const auto x = ref::RandomBf16(m * kK, 31 * m);
+    const auto ref =
+        ref::ReferenceLogits(w.data(), rows, kK, tp, x.data(), m, vocab, ref::RefHead::kFp8Twin);
     auto req = Req(x, m, v1::FULL_LOGITS);
     req.set_logits_dtype(v1::FP32);
     v1::LogitsResponse resp;
@@ -63,7 +65,7 @@ void CheckAgainstReference(v1::DraftHead::Stub& stub, const std::vector<uint16_t
     const auto y = Fp32(resp);
     ASSERT_EQ(y.size(), static_cast<size_t>(m) * vocab);
     for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.mag[i] + 1e-30) << "m=" << m << " entry " << i;
+      ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.abs[i] + 1e-30) << "m=" << m << " entry " << i;
     auto tk = Req(x, m, v1::TOP_K);
     tk.set_top_k(8);
     tk.set_return_probs(true);
@@ -75,16 +77,16 @@ void CheckAgainstReference(v1::DraftHead::Stub& stub, const std::vector<uint16_t
     ASSERT_TRUE(Call(stub, am, &ra).ok());
     for (int i = 0; i < m; ++i) {
       std::vector<float> row(y.begin() + i * vocab, y.begin() + (i + 1) * vocab);
-      const auto best = testing::TopKOfRow(row, row, 8);
+      const auto best = ref::RefTopK(row.data(), vocab, 8);
       double mx = -1e300, z = 0;
       for (float v : row) mx = std::max(mx, static_cast<double>(v));
       for (float v : row) z += std::exp(v - mx);
       for (int j = 0; j < 8; ++j) {
-        ASSERT_EQ(rt.token_ids(i * 8 + j), best[j].id) << "row " << i;
-        ASSERT_EQ(rt.values(i * 8 + j), best[j].logit);
-        ASSERT_NEAR(rt.probs(i * 8 + j), std::exp(best[j].logit - mx) / z, 1e-5);
+        ASSERT_EQ(rt.token_ids(i * 8 + j), best[j]) << "row " << i;
+        ASSERT_EQ(rt.values(i * 8 + j), row[best[j]]);
+        ASSERT_NEAR(rt.probs(i * 8 + j), std::exp(row[best[j]] - mx) / z, 1e-5);
       }
-      ASSERT_EQ(ra.token_ids(i), best[0].id);
+      ASSERT_EQ(ra.token_ids(i), best[0]);
     }
   }
 }
@@ -92,7 +94,7 @@ void CheckAgainstReference(v1::DraftHead::Stub& stub, const std::vector<uint16_t
 class E2E : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir();
+    dir_ = tmp_.path();
     port_ = testing::FreePort();
     target_ = "127.0.0.1:" + std::to_string(port_);
   }
@@ -100,6 +102,7 @@ class E2E : public ::testing::Test {
     return {"--tp=" + std::to_string(tp), "--backend=cpu", "--comm=gloo", "--listen=" + target_,
             "--threads=1", "--op-timeout=3s", "--join-timeout=30s"};
   }
+  testutil::TempDir tmp_;  // removed after the test
   std::string dir_, target_;
   int port_ = 0;
 };
@@ -135,7 +138,7 @@ TEST_F(E2E, FourRanksServeEveryModeAndRejectBadInput) {
   CheckAgainstReference(*stub, w, rows, 4, vocab);
 
   // Bad requests: INVALID_ARGUMENT naming the field, and the next valid request still works.
-  const auto x = testing::RandomBf16(2 * kK, 3);
+  const auto x = ref::RandomBf16(2 * kK, 3);
   struct Bad {
     std::string field;
     std::function<void(v1::LogitsRequest&)> edit;
@@ -173,14 +176,15 @@ TEST_F(E2E, FourRanksServeEveryModeAndRejectBadInput) {
     r.set_logits_dtype(v1::FP32);
     v1::LogitsResponse resp;
     ASSERT_TRUE(Call(*stub, r, &resp).ok());
-    const auto ref = testing::ReferenceTwinLogits(w, rows, kK, 4, vocab, x, 2, true);
+    const auto ref =
+        ref::ReferenceLogits(w.data(), rows, kK, 4, x.data(), 2, vocab, ref::RefHead::kBf16Exact);
     const auto y = Fp32(resp);
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.mag[i] + 1e-30);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.abs[i] + 1e-30);
   }
 
   // Default bf16 logits: 64 x 4000 x 2 bytes, the rounded fp32 logits.
   {
-    const auto x64 = testing::RandomBf16(64 * kK, 11);
+    const auto x64 = ref::RandomBf16(64 * kK, 11);
     auto r = Req(x64, 64, v1::FULL_LOGITS);
     v1::LogitsResponse rb, rf;
     ASSERT_TRUE(Call(*stub, r, &rb).ok());
@@ -257,7 +261,7 @@ TEST_P(RankFault, RequestsFailUnavailableAndTheGroupExits) {
   for (int c = 0; c < 4; ++c) {
     load.emplace_back([&, c] {
       auto stub = v1::DraftHead::NewStub(Channel(target_));
-      const auto x = testing::RandomBf16(5 * kK, c);
+      const auto x = ref::RandomBf16(5 * kK, c);
       for (int i = 0; i < 100000 && !stop; ++i) {
         v1::LogitsResponse resp;
         auto req = Req(x, 5, v1::TOP_K);
@@ -335,7 +339,7 @@ std::string Bytes(const std::vector<uint16_t>& v, size_t begin, size_t count) {
 
 TEST_F(E2E, ShardedCheckpointDirectoryAndTwinFile) {
   const int64_t rows = 1000;
-  const auto w = testing::RandomBf16(rows * kK, 77, 0.03f);
+  const auto w = ref::RandomBf16(rows * kK, 77, 0.03);
   // The head lives in the second file of a two-file checkpoint.
   const std::string ckpt = dir_ + "/ckpt";
   mkdir(ckpt.c_str(), 0755);
@@ -375,7 +379,7 @@ TEST_F(E2E, ShardedCheckpointDirectoryAndTwinFile) {
 
 TEST_F(E2E, TruncatedCheckpointFailsAtStartNamingTheFile) {
   const int64_t rows = 64;
-  const auto w = testing::RandomBf16(rows * kK, 5);
+  const auto w = ref::RandomBf16(rows * kK, 5);
   const std::string path = dir_ + "/trunc.safetensors";
   WriteSafetensors(path, {{"lm_head.weight", {rows, kK}, Bytes(w, 0, rows * kK)}}, 1000);
   auto args = Base(2);

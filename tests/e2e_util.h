@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "drafthead/v1/drafthead.grpc.pb.h"
+#include "test_util.h"
 
 namespace drafthead::testing {
 
@@ -40,11 +40,6 @@ inline int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
   return ntohs(a.sin_port);
-}
-
-inline std::string TempDir() {
-  char tmpl[] = "/tmp/drafthead-e2e-XXXXXX";
-  return mkdtemp(tmpl);
 }
 
 // Children of `pid` (the launcher's worker ranks).
@@ -92,12 +87,7 @@ class ServerProcess {
     }
   }
   pid_t pid() const { return pid_; }
-  std::string Log() const {
-    std::ifstream f(log_);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
+  std::string Log() const { return testutil::ReadFile(log_); }
   // Waits for the process to exit; returns its wait status, or -1 on timeout.
   int Wait(std::chrono::milliseconds timeout) {
     if (exited_) return status_;

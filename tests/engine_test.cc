@@ -7,13 +7,14 @@
 #include <future>
 #include <thread>
 
+#include "kernels/numeric.h"
 #include "server/comm/inproc_collective.h"
 #include "server/sched/batcher.h"
 #include "server/engine/rank_engine.h"
 #include "server/sched/batch_loop.h"
 #include "server/api/request.h"
 #include "server/api/response.h"
-#include "server_test_util.h"
+#include "reference.h"
 
 namespace drafthead {
 namespace {
@@ -131,11 +132,12 @@ class EngineTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineTest, EveryModeMatchesTheReference) {
   const Case c = GetParam();
-  const auto w = testing::RandomBf16(c.rows * c.k, 1000 + c.tp, 0.05f);
+  const auto w = ref::RandomBf16(c.rows * c.k, 1000 + c.tp, 0.05);
   auto g = StartGroup(w, c.rows, c.k, c.tp, c.vocab, /*keep_bf16=*/true);
   for (int m : {1, 5, 17, 64}) {
-    const auto x = testing::RandomBf16(static_cast<size_t>(m) * c.k, 7 * m + c.tp);
-    const auto ref = testing::ReferenceTwinLogits(w, c.rows, c.k, c.tp, c.vocab, x, m);
+    const auto x = ref::RandomBf16(static_cast<size_t>(m) * c.k, 7 * m + c.tp);
+    const auto ref = ref::ReferenceLogits(w.data(), c.rows, c.k, c.tp, x.data(), m, c.vocab,
+                                          ref::RefHead::kFp8Twin);
     // FULL_LOGITS fp32, within fp32 accumulation error of the float64 reference.
     auto full = MakeRequest(x, m, v1::FULL_LOGITS);
     full.set_logits_dtype(v1::FP32);
@@ -150,7 +152,7 @@ TEST_P(EngineTest, EveryModeMatchesTheReference) {
     const auto y = FloatLogits(r32.resp);
     const auto ybf = FloatLogits(rbf.resp);
     for (size_t i = 0; i < y.size(); ++i) {
-      ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.mag[i] + 1e-30) << "entry " << i << " m=" << m;
+      ASSERT_NEAR(y[i], ref.y[i], 1e-5 * ref.abs[i] + 1e-30) << "entry " << i << " m=" << m;
       ASSERT_EQ(ybf[i], Bf16ToFloat(FloatToBf16(y[i]))) << "bf16 logits are the rounded fp32 ones";
     }
     // Reductions equal the exact reductions of the same fp32 logits.
@@ -170,23 +172,20 @@ TEST_P(EngineTest, EveryModeMatchesTheReference) {
     ASSERT_EQ(rt.resp.probs_size(), m * static_cast<int>(k));
     for (int i = 0; i < m; ++i) {
       std::vector<float> row(y.begin() + i * c.vocab, y.begin() + (i + 1) * c.vocab);
-      const auto best = testing::TopKOfRow(row, row, k);
+      const auto best = ref::RefTopK(row.data(), c.vocab, static_cast<int>(k));
       double zmax = -1e300, z = 0;
       for (float v : row) zmax = std::max(zmax, static_cast<double>(v / 0.7f));
       for (float v : row) z += std::exp(static_cast<double>(v / 0.7f) - zmax);
       for (uint32_t j = 0; j < k; ++j) {
-        EXPECT_EQ(rt.resp.token_ids(i * k + j), best[j].id) << "row " << i << " rank " << j;
-        EXPECT_EQ(rt.resp.values(i * k + j), best[j].logit);
-        const double p = std::exp(static_cast<double>(best[j].logit / 0.7f) - zmax) / z;
+        EXPECT_EQ(rt.resp.token_ids(i * k + j), best[j]) << "row " << i << " rank " << j;
+        EXPECT_EQ(rt.resp.values(i * k + j), row[best[j]]);
+        const double p = std::exp(static_cast<double>(row[best[j]] / 0.7f) - zmax) / z;
         EXPECT_NEAR(rt.resp.probs(i * k + j), p, 1e-5 * p + 1e-12);
       }
-      EXPECT_EQ(ra.resp.token_ids(i), best[0].id);
-      std::vector<float> keys(row.size());
-      for (size_t t = 0; t < row.size(); ++t)
-        keys[t] = SampleKey(row[t], 1.3f, 12345, static_cast<uint32_t>(i), static_cast<uint32_t>(t));
-      const auto s = testing::TopKOfRow(keys, row, 1);
-      EXPECT_EQ(rs.resp.token_ids(i), s[0].id) << "row " << i;
-      EXPECT_EQ(rs.resp.values(i), s[0].logit);
+      EXPECT_EQ(ra.resp.token_ids(i), best[0]);
+      const int32_t s = ref::RefSample(row.data(), c.vocab, 1.3f, 12345, static_cast<uint32_t>(i));
+      EXPECT_EQ(rs.resp.token_ids(i), s) << "row " << i;
+      EXPECT_EQ(rs.resp.values(i), row[s]);
     }
     // The bf16 head against its float64 reference.
     auto bfh = MakeRequest(x, m, v1::FULL_LOGITS);
@@ -194,9 +193,10 @@ TEST_P(EngineTest, EveryModeMatchesTheReference) {
     bfh.set_head(v1::BF16_EXACT);
     Result rb = Submit(*g, bfh).get();
     ASSERT_TRUE(rb.status.ok()) << rb.status;
-    const auto refb = testing::ReferenceTwinLogits(w, c.rows, c.k, c.tp, c.vocab, x, m, /*bf16_head=*/true);
+    const auto refb = ref::ReferenceLogits(w.data(), c.rows, c.k, c.tp, x.data(), m, c.vocab,
+                                           ref::RefHead::kBf16Exact);
     const auto yb = FloatLogits(rb.resp);
-    for (size_t i = 0; i < yb.size(); ++i) ASSERT_NEAR(yb[i], refb.y[i], 1e-5 * refb.mag[i] + 1e-30);
+    for (size_t i = 0; i < yb.size(); ++i) ASSERT_NEAR(yb[i], refb.y[i], 1e-5 * refb.abs[i] + 1e-30);
   }
 }
 
@@ -212,15 +212,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EngineTest,
 
 TEST(EngineTest, SampleDoesNotDependOnTpOrBatchMates) {
   const int64_t rows = 512, k = 64;
-  const auto w = testing::RandomBf16(rows * k, 5, 0.05f);
-  const auto x = testing::RandomBf16(5 * k, 6);
+  const auto w = ref::RandomBf16(rows * k, 5, 0.05);
+  const auto x = ref::RandomBf16(5 * k, 6);
   std::vector<int32_t> first;
   for (int tp : {1, 2, 4}) {
     auto g = StartGroup(w, rows, k, tp, rows, false);
     auto smp = MakeRequest(x, 5, v1::SAMPLE);
     smp.set_temperature(1.0f);
     smp.set_seed(99);
-    auto other = Submit(*g, MakeRequest(testing::RandomBf16(3 * k, tp), 3, v1::SAMPLE));
+    auto other = Submit(*g, MakeRequest(ref::RandomBf16(3 * k, tp), 3, v1::SAMPLE));
     Result r = Submit(*g, smp).get();
     other.get();
     ASSERT_TRUE(r.status.ok()) << r.status;
@@ -232,12 +232,12 @@ TEST(EngineTest, SampleDoesNotDependOnTpOrBatchMates) {
 
 TEST(EngineTest, BatchedRequestsEqualTheSameRequestsAlone) {
   const int64_t rows = 400, k = 64;
-  const auto w = testing::RandomBf16(rows * k, 9, 0.05f);
+  const auto w = ref::RandomBf16(rows * k, 9, 0.05);
   auto g = StartGroup(w, rows, k, 2, rows, false);
   std::vector<v1::LogitsRequest> reqs;
   for (int i = 0; i < 12; ++i) {
     const int m = 1 + i % 5;
-    auto r = MakeRequest(testing::RandomBf16(m * k, 100 + i), m,
+    auto r = MakeRequest(ref::RandomBf16(m * k, 100 + i), m,
                          static_cast<v1::Mode>(i % 4));
     r.set_top_k(3);
     r.set_temperature(0.9f);

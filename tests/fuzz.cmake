@@ -5,7 +5,8 @@
 # The parser is compiled into the target directly so it gets coverage instrumentation.
 set(_dh_fuzz_flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
   -fno-omit-frame-pointer)
-add_executable(fuzz_safetensors fuzz_safetensors.cc ${PROJECT_SOURCE_DIR}/common/safetensors.cc)
+add_executable(fuzz_safetensors fuzz_safetensors.cc ${PROJECT_SOURCE_DIR}/common/safetensors.cc
+  ${PROJECT_SOURCE_DIR}/common/safetensors_writer.cc)
 target_compile_options(fuzz_safetensors PRIVATE ${_dh_fuzz_flags})
 target_link_options(fuzz_safetensors PRIVATE ${_dh_fuzz_flags})
 target_link_libraries(fuzz_safetensors PRIVATE drafthead_options absl::status absl::statusor

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "e2e_util.h"
-#include "server_test_util.h"
+#include "reference.h"
 
 namespace drafthead {
 namespace {
@@ -21,7 +21,7 @@ using testing::WaitServing;
 constexpr int64_t kK = 256;
 
 v1::LogitsRequest Req(int rows, v1::Mode mode, uint64_t seed = 1) {
-  const auto x = testing::RandomBf16(rows * kK, seed);
+  const auto x = ref::RandomBf16(rows * kK, seed);
   v1::LogitsRequest r;
   r.set_rows(rows);
   r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), x.size() * 2));
@@ -31,25 +31,19 @@ v1::LogitsRequest Req(int rows, v1::Mode mode, uint64_t seed = 1) {
   return r;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 class Ops : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir();
+    dir_ = tmp_.path();
     target_ = "127.0.0.1:" + std::to_string(testing::FreePort());
   }
   std::vector<std::string> Base(int tp) {
     return {"--tp=" + std::to_string(tp), "--backend=cpu", "--comm=gloo", "--listen=" + target_,
             "--threads=1", "--synthetic=5", "--hidden-size=256", "--padded-vocab=2048"};
   }
+  testutil::TempDir tmp_;  // removed after the test
   std::string dir_, target_;
 };
 
@@ -76,10 +70,10 @@ void MakeCerts(const std::string& d) {
 
 std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& d, const std::string& cert) {
   grpc::SslCredentialsOptions o;
-  o.pem_root_certs = ReadAll(d + "/ca.crt");
+  o.pem_root_certs = testutil::ReadFile(d + "/ca.crt");
   if (!cert.empty()) {
-    o.pem_cert_chain = ReadAll(d + "/" + cert + ".crt");
-    o.pem_private_key = ReadAll(d + "/" + cert + ".key");
+    o.pem_cert_chain = testutil::ReadFile(d + "/" + cert + ".crt");
+    o.pem_private_key = testutil::ReadFile(d + "/" + cert + ".key");
   }
   return grpc::SslCredentials(o);
 }
@@ -149,7 +143,7 @@ TEST_F(Ops, MetricsPassPromtoolAndCountRequests) {
   std::ofstream(dir_ + "/metrics.txt") << text;
   if (Sh("command -v promtool >/dev/null") != 0) GTEST_SKIP() << "promtool (Debian: prometheus) not installed";
   EXPECT_EQ(Sh("promtool check metrics < " + dir_ + "/metrics.txt > " + dir_ + "/promtool.out 2>&1"), 0)
-      << ReadAll(dir_ + "/promtool.out");
+      << testutil::ReadFile(dir_ + "/promtool.out");
 }
 
 TEST_F(Ops, SigtermDrainsUnderLoadWithZeroFailures) {

@@ -310,5 +310,48 @@ TEST(SafetensorsTest, WriterReportsErrors) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// The client's use (drafthead-client logits): small BF16 / I32 / F32 (scalar too) tensors with
+// metadata written and read back; a mistyped tensor name answered with the names present.
+TEST(SafetensorsTest, ClientRoundTripOfLogitsDtypes) {
+  TempDir dir;
+  std::string bf16(2 * 3 * 4, '\0');
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = static_cast<char>(i * 7);
+  const std::string i32(4 * 3 * 2, '\x01');
+  const std::string scalar = "abcd";
+  const std::string path = dir.File("rt.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path,
+                               {{{"hidden", DType::kBF16, {3, 4}}, bf16.data(), bf16.size()},
+                                {{"ids", DType::kI32, {3, 2}}, i32.data(), i32.size()},
+                                {{"scalar", DType::kF32, {}}, scalar.data(), scalar.size()}},
+                               {{"who", "test"}})
+                  .ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ((*f)->header().tensors.size(), 3u);
+  EXPECT_EQ((*f)->metadata().at("who"), "test");
+  auto h = (*f)->Find("hidden");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ((*h)->dtype, DType::kBF16);
+  EXPECT_EQ((*h)->shape, (std::vector<int64_t>{3, 4}));
+  auto bytes = [&](const char* name) {
+    auto b = (*f)->Bytes(name);
+    return b.ok() ? std::string(reinterpret_cast<const char*>(b->first), b->second) : "";
+  };
+  EXPECT_EQ(bytes("hidden"), bf16);
+  EXPECT_EQ(bytes("ids"), i32);
+  EXPECT_EQ(bytes("scalar"), scalar);
+  EXPECT_EQ((*(*f)->Find("scalar"))->numel, 1);
+  auto missing = (*f)->Find("nope");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("hidden"), std::string::npos) << missing.status();
+
+  // A reserved name, an unknown dtype name, a missing file.
+  EXPECT_FALSE(WriteSafetensors(dir.File("m"), {{{"__metadata__", DType::kU8, {1}}, "a", 1}}).ok());
+  EXPECT_FALSE(ParseDType("Q7").has_value());
+  EXPECT_EQ(SafetensorsFile::Open("/nonexistent/x.safetensors").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace drafthead::st

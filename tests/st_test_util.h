@@ -1,19 +1,14 @@
 // Test helpers for safetensors files: an independent, hand-rolled writer (string-built JSON, no
 // nlohmann, nothing from common/safetensors.h) so the reader is not only checked against its own
-// writer, plus a scoped temp directory and bf16 helpers.
+// writer, plus bf16 helpers. File helpers (TempDir, ReadFile, WriteFile) are in test_util.h.
 #pragma once
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "kernels/numeric.h"
+#include "test_util.h"
 
 namespace drafthead::testutil {
 
@@ -65,16 +60,6 @@ inline std::string BuildFile(const std::vector<RawTensor>& ts, const std::string
   return Pack(HeaderJson(ts, metadata_json), data);
 }
 
-inline void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 template <typename T>
 std::string Bytes(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
@@ -89,27 +74,5 @@ inline std::vector<uint16_t> PatternBf16(int64_t rows, int64_t k, float scale = 
                                  static_cast<float>(r) * 0.5f);
   return w;
 }
-
-// Removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/drafthead_test_XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 }  // namespace drafthead::testutil

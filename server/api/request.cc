@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/shard_reduce.h"
 #include "kernels/numeric.h"
 
 namespace drafthead {

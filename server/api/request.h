@@ -1,5 +1,6 @@
 // The RPC edge's way in: a LogitsRequest validated into a PreparedRequest (row task and bf16
-// rows), every malformed field refused by name. Pure functions, no threads.
+// rows), every malformed field refused by name. Pure functions, no threads. Its own library
+// (drafthead_request) so that drafthead-fake-server validates with this very code.
 #pragma once
 
 #include <cstdint>
