@@ -123,7 +123,7 @@ check("drafthead:9464" in targets, "prometheus.yml scrapes drafthead:9464")
 check(all(r in [m["target"] for m in mounts.values()] for r in pcfg.get("rule_files", [])),
       "prometheus.yml's rule files are mounted by compose")
 rules = load(os.path.join(DEPLOY, "prometheus-rules.yml"))[0]
-metric_names = set(re.findall(r'"(drafthead_[a-z_]+)"', open(os.path.join(SRC, "server", "metrics.cc")).read()))
+metric_names = set(re.findall(r'"(drafthead_[a-z_]+)"', open(os.path.join(SRC, "server", "sched", "metrics.cc")).read()))
 used = set()
 for g in rules["groups"]:
     for r in g["rules"]:
