@@ -36,7 +36,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "drafthead/v1/drafthead.grpc.pb.h"
-#include "client/cli_util.h"
+#include "common/command_line.h"
+#include "common/exit_codes.h"
 #include "kernels/numeric.h"
 #include "server/api/request.h"
 
@@ -365,7 +366,7 @@ std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::cerr << "fake-server: cannot read " << path << "\n";
-    std::exit(2);
+    std::exit(kExitUsage);
   }
   std::ostringstream ss;
   ss << in.rdbuf();
@@ -377,7 +378,7 @@ int Main() {
            absl::GetFlag(FLAGS_max_top_k)};
   if (c.hidden == 0 || c.vocab == 0 || c.max_rows == 0) {
     std::cerr << "fake-server: --hidden-size, --vocab-size and --max-rows must be > 0\n";
-    return 2;
+    return kExitUsage;
   }
   std::unique_ptr<SlowQueue> slow;
   if (absl::GetFlag(FLAGS_delay_us) > 0) {
@@ -403,7 +404,7 @@ int Main() {
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "fake-server: cannot listen on " << absl::GetFlag(FLAGS_listen) << "\n";
-    return 1;
+    return kExitFailed;
   }
   const int64_t health_delay = absl::GetFlag(FLAGS_health_delay_ms);
   if (health_delay > 0) server->GetHealthCheckService()->SetServingStatus(false);
@@ -424,15 +425,16 @@ int Main() {
   std::this_thread::sleep_for(std::chrono::seconds(absl::GetFlag(FLAGS_exit_after_s)));
   if (health.joinable()) health.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
 }  // namespace drafthead::fake
 
 int main(int argc, char** argv) {
+  drafthead::SetProgramInfo("drafthead-fake-server", "drafthead-fake-server: an instant DraftHead server for tests");
   std::vector<std::string> storage;
-  drafthead::client::NormalizeFlagDashes(argc, argv, storage);
-  absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = drafthead::NormalizeFlagNames(argc, argv, storage);
+  absl::ParseCommandLine(argc, args.data());
   return drafthead::fake::Main();
 }

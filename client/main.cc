@@ -1,6 +1,7 @@
 // drafthead-client: info | logits | load (docs/client.md; the SPEC fixes info and logits).
 //
-// Exit codes: 0 done; 1 the server or the run failed (message on stderr); 2 bad usage or input.
+// Exit codes (common/exit_codes.h): 0 done; 1 the server or the run failed (message on stderr); 2 bad
+// usage or input.
 #include <unistd.h>
 
 #include <cctype>
@@ -16,16 +17,16 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/cli_util.h"
 #include "client/drafthead_client.h"
 #include "client/load_report.h"
 #include "client/load_tester.h"
+#include "common/command_line.h"
+#include "common/exit_codes.h"
 #include "common/safetensors.h"
 #include "kernels/numeric.h"
 #include "nlohmann/json.hpp"
@@ -77,9 +78,6 @@ ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent bef
 
 namespace drafthead::client {
 namespace {
-
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
 
 int Fail(int code, const absl::Status& s) {
   std::cerr << "drafthead-client: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
@@ -189,7 +187,7 @@ int RunInfo() {
   } else {
     std::cout << ModelInfoText(*info);
   }
-  return 0;
+  return kExitOk;
 }
 
 // ---- hidden states from a file ----------------------------------------------------------------
@@ -303,7 +301,7 @@ int RunLogits() {
                                              {"server_version", info->version()},
                                              {"vocab_size", absl::StrCat(info->vocab_size())}};
   if (absl::Status s = st::WriteSafetensors(absl::GetFlag(FLAGS_out), out, meta); !s.ok()) return Fail(kExitFailed, s);
-  return 0;
+  return kExitOk;
 }
 
 // ---- load -------------------------------------------------------------------------------------
@@ -506,7 +504,7 @@ int RunLoadCommand() {
   uint64_t ok = 0;
   for (const auto& r : report.runs) ok += r.ok;
   if (ok == 0) return Fail(kExitFailed, absl::UnavailableError("no request was answered OK"));
-  return 0;
+  return kExitOk;
 }
 
 // Short load flags (-c 8, -c8, -c=8) and a bare --json (info) into absl's spelling.
@@ -544,7 +542,8 @@ std::vector<char*> RewriteArgs(int argc, char** argv, std::vector<std::string>& 
 
 int main(int argc, char** argv) {
   using namespace drafthead::client;
-  absl::SetProgramUsageMessage(
+  drafthead::SetProgramInfo(
+      "drafthead-client",
       "drafthead-client info|logits|load --target=HOST:PORT [flags]\n"
       "  info    --target [--json] [--wait=SECONDS]\n"
       "  logits  --target --hidden=F.safetensors --tensor=NAME [--rows=A:B] --mode=full|topk|argmax|sample\n"
@@ -553,22 +552,22 @@ int main(int argc, char** argv) {
       "          [--connections=N] [--stream] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
       "  TLS: --tls-ca --tls-cert --tls-key --tls-server-name");
   std::vector<std::string> storage;
-  NormalizeFlagDashes(argc, argv, storage);
+  std::vector<char*> normalized = drafthead::NormalizeFlagNames(argc, argv, storage);
   std::vector<std::string> storage2;
-  std::vector<char*> args = RewriteArgs(argc, argv, storage2);
+  std::vector<char*> args = RewriteArgs(argc, normalized.data(), storage2);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() < 2) {
     std::cerr << "drafthead-client: give a subcommand: info, logits or load (--help for flags)\n";
-    return 2;
+    return drafthead::kExitUsage;
   }
   if (positional.size() > 2) {
     std::cerr << "drafthead-client: unexpected argument \"" << positional[2] << "\"\n";
-    return 2;
+    return drafthead::kExitUsage;
   }
   const std::string cmd = positional[1];
   if (cmd == "info") return RunInfo();
   if (cmd == "logits") return RunLogits();
   if (cmd == "load") return RunLoadCommand();
   std::cerr << "drafthead-client: unknown subcommand \"" << cmd << "\" (info, logits, load)\n";
-  return 2;
+  return drafthead::kExitUsage;
 }

@@ -5,7 +5,8 @@
 //   drafthead-quantize --synthetic=SEED --hidden-size=K --padded-vocab=N --tp=N --out=FILE
 //
 // One rank at a time: load its bf16 rows, MakeTwin, stream the codes and exponents out, free.
-// Peak memory is one bf16 shard plus its twin. Exit 0 on success, 2 on bad flags, 1 on failure.
+// Peak memory is one bf16 shard plus its twin. Exit codes: common/exit_codes.h (0 done, 2 bad
+// flags, 1 failure).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,8 +18,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
+#include "common/exit_codes.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/twin.h"
 #include "common/safetensors.h"
@@ -91,32 +93,16 @@ absl::Status Quantize(const WeightsConfig& cfg, int tp, const std::string& out) 
   return absl::OkStatus();
 }
 
-// The SPEC spells flags with dashes (--hidden-size); absl flag names are identifiers.
-std::vector<char*> DashesToUnderscores(int argc, char** argv, std::vector<std::string>& storage) {
-  storage.assign(argv, argv + argc);
-  for (size_t i = 1; i < storage.size(); ++i) {
-    std::string& a = storage[i];
-    if (a == "--") break;
-    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
-    const size_t end = std::min(a.find('='), a.size());
-    for (size_t j = 2; j < end; ++j)
-      if (a[j] == '-') a[j] = '_';
-  }
-  std::vector<char*> out;
-  for (std::string& a : storage) out.push_back(a.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 }  // namespace
 }  // namespace drafthead
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  drafthead::SetProgramInfo(
+      "drafthead-quantize",
       "builds the fp8 twin: --weights=FILE|DIR --tensor=NAME --tp=N --out=FILE, or "
       "--synthetic=SEED --hidden-size=K --padded-vocab=N --tp=N --out=FILE");
   std::vector<std::string> storage;
-  std::vector<char*> args = drafthead::DashesToUnderscores(argc, argv, storage);
+  std::vector<char*> args = drafthead::NormalizeFlagNames(argc, argv, storage);
   absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
 
   drafthead::WeightsConfig cfg;
@@ -136,12 +122,12 @@ int main(int argc, char** argv) {
     usage = "give exactly one of --weights and --synthetic";
   if (!usage.empty()) {
     std::fprintf(stderr, "drafthead-quantize: %s\n", usage.c_str());
-    return 2;
+    return drafthead::kExitUsage;
   }
   const absl::Status s = drafthead::Quantize(cfg, tp, out);
   if (!s.ok()) {
     std::fprintf(stderr, "drafthead-quantize: error: %s\n", s.ToString().c_str());
-    return 1;
+    return drafthead::kExitFailed;
   }
-  return 0;
+  return drafthead::kExitOk;
 }

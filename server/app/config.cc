@@ -1,0 +1,197 @@
+#include "server/app/config.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/comm/rendezvous.h"
+#include "server/engine/wire_format.h"
+
+ABSL_FLAG(std::string, weights, "", "Checkpoint: a .safetensors file or a directory (sharded: model.safetensors.index.json)");
+ABSL_FLAG(std::string, tensor, "lm_head.weight", "The LM head tensor in the checkpoint");
+ABSL_FLAG(std::string, twin, "", "A precomputed fp8 twin (drafthead-quantize output) to load instead of quantizing");
+ABSL_FLAG(std::optional<uint64_t>, synthetic, std::nullopt, "Seeded synthetic bf16 weights instead of a checkpoint");
+ABSL_FLAG(int64_t, hidden_size, 5120, "Hidden size K (synthetic weights; checked against a checkpoint when given explicitly)");
+ABSL_FLAG(int64_t, padded_vocab, 129280, "LM head rows (synthetic weights)");
+ABSL_FLAG(int64_t, vocab_size, 0, "Crop logits to this many tokens (0: all the checkpoint's rows)");
+ABSL_FLAG(int, tp, 0, "Tensor-parallel ranks; alone, starts the whole group on this host");
+ABSL_FLAG(int, rank, -1, "This process's rank (with --world and --leader: one rank per container or host)");
+ABSL_FLAG(int, world, 0, "Number of ranks in the group (with --rank)");
+ABSL_FLAG(std::string, leader, "", "HOST:PORT of rank 0's rendezvous (with --rank)");
+ABSL_FLAG(int, local_rank, -1, "This rank's index on its host (GPU choice); default: rank % GPUs");
+ABSL_FLAG(std::string, bind_host, "", "Address this rank's collectives listen on (default: 127.0.0.1 when the leader is loopback, else this host's name)");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(std::string, comm, "gloo", "Collectives: gloo or nccl");
+ABSL_FLAG(std::string, devices, "", "CUDA device per local rank, comma-separated (default: the local rank)");
+ABSL_FLAG(int, threads, 0, "CPU backend threads per rank (0: hardware threads / ranks on this host)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address of rank 0");
+ABSL_FLAG(uint32_t, max_rows, 64, "Most rows in one request and one batch");
+ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
+ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EXACT");
+ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
+ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
+ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120), "How long ranks wait for each other to join");
+ABSL_FLAG(absl::Duration, load_timeout, absl::Minutes(30), "How long rank 0 waits for every rank's shard");
+ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(), "On SIGTERM: keep answering for this long with health NOT_SERVING before refusing new RPCs");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "On SIGTERM: longest wait for in-flight RPCs");
+ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus /metrics (empty: off)");
+ABSL_FLAG(std::string, tls_cert, "", "Server certificate (PEM) for TLS");
+ABSL_FLAG(std::string, tls_key, "", "Server private key (PEM) for TLS");
+ABSL_FLAG(std::string, tls_client_ca, "", "CA (PEM) for client certificates: mutual TLS");
+ABSL_FLAG(std::string, restart, "no", "Launcher mode: on-failure reruns the group when it fails");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warn or error");
+
+namespace drafthead {
+namespace {
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+std::chrono::milliseconds Ms(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// --tp alone (launcher: the whole group on this host) or --rank/--world/--leader (one rank).
+absl::Status ResolveGroup(ServerConfig& c) {
+  const int tp = absl::GetFlag(FLAGS_tp), rank = absl::GetFlag(FLAGS_rank),
+            world = absl::GetFlag(FLAGS_world);
+  c.leader = absl::GetFlag(FLAGS_leader);
+  if (rank < 0) {
+    if (tp <= 0) return Bad("give --tp=N (whole group here) or --rank/--world/--leader");
+    if (world != 0 && world != tp) return Bad("--world differs from --tp");
+    c.world = tp;
+    c.rank = 0;
+    c.launcher = true;
+    c.local_ranks = tp;
+  } else {
+    if (world <= 0) return Bad("--rank needs --world");
+    if (tp != 0 && tp != world) return Bad("--tp differs from --world");
+    if (rank >= world) return Bad(absl::StrCat("--rank=", rank, " is not below --world=", world));
+    if (c.leader.empty()) return Bad("--rank needs --leader=HOST:PORT");
+    c.world = world;
+    c.rank = rank;
+  }
+  if (c.world > 64) return Bad("at most 64 ranks");
+  if (!c.leader.empty()) {
+    std::string host;
+    int port = 0;
+    if (absl::Status s = SplitHostPort(c.leader, &host, &port); !s.ok())
+      return Bad(absl::StrCat("--leader: ", s.message()));
+  }
+  c.local_rank = absl::GetFlag(FLAGS_local_rank) >= 0 ? absl::GetFlag(FLAGS_local_rank) : c.rank;
+  c.bind_host = absl::GetFlag(FLAGS_bind_host);
+  const std::string restart = absl::GetFlag(FLAGS_restart);
+  if (restart != "no" && restart != "on-failure") return Bad("--restart must be no or on-failure");
+  c.restart = restart == "on-failure" ? RestartPolicy::kOnFailure : RestartPolicy::kNo;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveCompute(ServerConfig& c) {
+  c.backend = absl::GetFlag(FLAGS_backend);
+  c.comm = absl::GetFlag(FLAGS_comm);
+  if (c.backend != "cpu" && c.backend != "cuda") return Bad("--backend must be cpu or cuda");
+  if (c.comm != "gloo" && c.comm != "nccl") return Bad("--comm must be gloo or nccl");
+  if (c.comm == "nccl" && c.backend != "cuda") return Bad("--comm=nccl needs --backend=cuda");
+#if !defined(DRAFTHEAD_HAVE_CUDA)
+  if (c.comm == "nccl") return absl::UnimplementedError("--comm=nccl: this build has no CUDA/NCCL");
+#endif
+
+  // This rank's GPU: --devices[local_rank], or -1 (the backend then uses the local rank).
+  std::vector<int> devices;
+  for (auto p : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
+    int d;
+    if (!absl::SimpleAtoi(p, &d) || d < 0) return Bad(absl::StrCat("--devices: '", p, "' is not a device index"));
+    devices.push_back(d);
+  }
+  c.backend_options.device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
+  c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
+  c.backend_options.threads = absl::GetFlag(FLAGS_threads);
+  if (c.backend_options.threads < 0) return Bad("--threads must be >= 0 (0: hardware threads / ranks on this host)");
+  if (c.backend_options.threads == 0) {
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    c.backend_options.threads = std::max(1, hw / c.local_ranks);
+  }
+
+  WeightsConfig& w = c.weights;
+  w.weights = absl::GetFlag(FLAGS_weights);
+  w.tensor = absl::GetFlag(FLAGS_tensor);
+  w.twin = absl::GetFlag(FLAGS_twin);
+  w.synthetic_seed = absl::GetFlag(FLAGS_synthetic);
+  w.threads = c.backend_options.threads;  // ranks on one host share its cores while loading too
+  if (w.synthetic_seed) {
+    w.hidden_size = absl::GetFlag(FLAGS_hidden_size);
+    w.padded_vocab = absl::GetFlag(FLAGS_padded_vocab);
+  } else if (w.weights.empty()) {
+    return Bad("give --weights=FILE|DIR or --synthetic=SEED");
+  }
+  c.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  if (c.vocab_size < 0) return Bad(absl::StrCat("--vocab-size=", c.vocab_size, " must be >= 0 (0: all the head's rows)"));
+  return absl::OkStatus();
+}
+
+absl::Status ResolveLimits(ServerConfig& c) {
+  const uint32_t max_rows = absl::GetFlag(FLAGS_max_rows);
+  if (max_rows == 0 || max_rows > static_cast<uint32_t>(kMaxRowsLimit))
+    return Bad(absl::StrCat("--max-rows must be in 1..", kMaxRowsLimit));
+  c.max_top_k = absl::GetFlag(FLAGS_max_top_k);
+  if (c.max_top_k == 0 || c.max_top_k > static_cast<uint32_t>(kMaxTopKLimit))
+    return Bad(absl::StrCat("--max-top-k must be in 1..", kMaxTopKLimit));
+  c.batcher.max_rows = max_rows;
+  c.batcher.max_queue_rows = std::max(absl::GetFlag(FLAGS_max_queue_rows), max_rows);
+  c.batcher.max_queue_delay = std::chrono::microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  c.batcher.max_requests = absl::GetFlag(FLAGS_max_batch_requests);
+
+  struct Positive { const char* flag; absl::Duration value; };
+  for (const Positive& d : {Positive{"--op-timeout", absl::GetFlag(FLAGS_op_timeout)},
+                            Positive{"--join-timeout", absl::GetFlag(FLAGS_join_timeout)},
+                            Positive{"--load-timeout", absl::GetFlag(FLAGS_load_timeout)}}) {
+    if (d.value <= absl::ZeroDuration()) return Bad(absl::StrCat(d.flag, " must be > 0"));
+  }
+  c.engine.op_timeout = Ms(absl::GetFlag(FLAGS_op_timeout));
+  c.engine.load_timeout = Ms(absl::GetFlag(FLAGS_load_timeout));
+  c.engine.max_rows = static_cast<int>(max_rows);
+  c.join_timeout = Ms(absl::GetFlag(FLAGS_join_timeout));
+  c.drain_grace = absl::GetFlag(FLAGS_drain_grace);
+  c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (c.drain_grace < absl::ZeroDuration()) return Bad("--drain-grace must be >= 0");
+  if (c.drain_timeout < absl::ZeroDuration()) return Bad("--drain-timeout must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status ResolveFront(ServerConfig& c) {
+  c.listen = absl::GetFlag(FLAGS_listen);
+  if (c.listen.empty()) return Bad("--listen must be HOST:PORT");
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  c.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_client_ca)};
+  if (c.tls.cert.empty() && c.tls.key.empty()) {
+    if (!c.tls.client_ca.empty()) return Bad("--tls-client-ca needs --tls-cert and --tls-key");
+  } else if (c.tls.cert.empty() || c.tls.key.empty()) {
+    return Bad("TLS needs both --tls-cert and --tls-key");
+  }
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  if (level == "debug") c.log_level = LogLevel::kDebug;
+  else if (level == "info") c.log_level = LogLevel::kInfo;
+  else if (level == "warn") c.log_level = LogLevel::kWarn;
+  else if (level == "error") c.log_level = LogLevel::kError;
+  else return Bad("--log-level must be debug, info, warn or error");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
+  ServerConfig c;
+  for (auto step : {ResolveGroup, ResolveCompute, ResolveLimits, ResolveFront}) {
+    if (absl::Status s = step(c); !s.ok()) return s;
+  }
+  return c;
+}
+
+}  // namespace drafthead

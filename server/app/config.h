@@ -1,0 +1,67 @@
+// drafthead-server's command line as one validated value. The absl flags are defined in config.cc
+// (and nowhere else); main.cc parses them once, then ServerConfigFromFlags checks them all and
+// derives what start-up needs, so a bad flag fails before any port is bound or any rank waits.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "server/backends/compute_backend.h"
+#include "server/engine/rank_engine.h"
+#include "server/sched/batcher.h"
+#include "server/weights/shard_weights.h"
+
+namespace drafthead {
+
+// --tls-cert/--tls-key/--tls-client-ca: all empty (plaintext), cert and key (TLS), or all three
+// (mutual TLS). The files are read when rank 0's gRPC server starts.
+struct TlsFiles {
+  std::string cert, key, client_ca;
+  bool enabled() const { return !cert.empty(); }
+  const char* mode() const { return !enabled() ? "off" : client_ca.empty() ? "on" : "mutual"; }
+};
+
+enum class RestartPolicy { kNo, kOnFailure };
+
+struct ServerConfig {
+  // ---- The group and this process's place in it.
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;     // index among the ranks on this host (GPU choice)
+  int local_ranks = 1;    // ranks sharing this host's cores (the launcher's whole group, else 1)
+  bool launcher = false;  // --tp alone: this process is rank 0 and starts ranks 1..N-1 itself
+  // Rank 0's rendezvous HOST:PORT, as given; empty only in launcher mode (a free loopback port).
+  std::string leader;
+  std::string bind_host;  // where this rank's collectives listen (empty: from the leader's host)
+  std::chrono::milliseconds join_timeout{120000};
+  RestartPolicy restart = RestartPolicy::kNo;  // kOnFailure only matters in launcher mode
+
+  // ---- Weights and compute.
+  WeightsConfig weights;  // .threads: the loader's threads, the same as the backend's
+  int64_t vocab_size = 0; // 0: every row of the head (checked against the head once it is probed)
+  std::string backend;    // "cpu" or "cuda"
+  std::string comm;       // "gloo" or "nccl"
+  BackendOptions backend_options;  // threads resolved (> 0); device from --devices, or -1
+  EngineOptions engine;            // op/load timeouts, max_rows
+
+  // ---- Rank 0's front.
+  std::string listen;          // gRPC HOST:PORT
+  std::string metrics_listen;  // Prometheus HOST:PORT; empty: off
+  TlsFiles tls;
+  BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
+  uint32_t max_top_k = 256;
+  absl::Duration drain_grace = absl::ZeroDuration();
+  absl::Duration drain_timeout = absl::Seconds(30);
+
+  LogLevel log_level = LogLevel::kInfo;
+};
+
+// Reads the parsed flags (absl::ParseCommandLine must have run) and checks them. The error is
+// InvalidArgument (Unimplemented for what this build lacks) and names the flag, e.g.
+// "--max-rows must be in 1..256".
+absl::StatusOr<ServerConfig> ServerConfigFromFlags();
+
+}  // namespace drafthead

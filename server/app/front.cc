@@ -1,0 +1,109 @@
+#include "server/app/front.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/version.h"
+
+namespace drafthead {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string s;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions opts;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  DH_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(tls.cert));
+  DH_ASSIGN_OR_RETURN(pair.private_key, ReadFile(tls.key));
+  opts.pem_key_cert_pairs.push_back(pair);
+  if (!tls.client_ca.empty()) {
+    DH_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadFile(tls.client_ca));
+    opts.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(opts);
+}
+
+v1::ModelInfo MakeModelInfo(const ServerConfig& c, const ModelLayout& m) {
+  const bool keep_bf16 = c.backend_options.keep_bf16;
+  v1::ModelInfo info;
+  info.set_hidden_size(static_cast<uint32_t>(m.geo.hidden));
+  info.set_vocab_size(static_cast<uint32_t>(m.vocab));
+  info.set_padded_vocab(static_cast<uint32_t>(m.geo.padded_vocab));
+  info.set_tp(static_cast<uint32_t>(c.world));
+  info.set_shard_rows(static_cast<uint32_t>(m.geo.shard_rows));
+  info.set_max_rows(c.batcher.max_rows);
+  info.set_max_top_k(static_cast<uint32_t>(std::min<int64_t>(c.max_top_k, m.vocab)));
+  info.set_backend(c.backend);
+  info.set_comm(c.comm);
+  info.add_heads(v1::FP8_TWIN);
+  if (keep_bf16) info.add_heads(v1::BF16_EXACT);
+  info.set_weights(m.shape.source + (c.weights.twin.empty() ? "" : " + twin " + c.weights.twin));
+  info.set_version(kVersion);
+  return info;
+}
+
+}  // namespace
+
+void Front::SetServing(bool serving) {
+  service->SetReady(serving);
+  health.SetServing(serving);
+  metrics->SetServing(serving);
+}
+
+absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const ModelLayout& m) {
+  auto f = std::make_unique<Front>();
+  f->metrics = std::make_unique<Metrics>(c.world);
+  if (!c.metrics_listen.empty()) {
+    auto ms = MetricsServer::Start(c.metrics_listen, f->metrics.get());
+    if (!ms.ok()) return StepFailed("metrics_failed", ms.status());
+    f->metrics_server = std::move(*ms);
+    Log(LogLevel::kInfo, "metrics_listening", "port", f->metrics_server->port());
+  }
+  f->batcher = std::make_unique<Batcher>(c.batcher);
+  ServingLimits limits;
+  limits.hidden = m.geo.hidden;
+  limits.vocab_size = m.vocab;
+  limits.max_rows = c.batcher.max_rows;
+  limits.max_top_k = c.max_top_k;
+  limits.has_bf16 = c.backend_options.keep_bf16;
+  f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, MakeModelInfo(c, m), f->metrics.get());
+
+  auto creds = ServerCredentials(c.tls);
+  if (!creds.ok()) return StepFailed("bad_flags", creds.status());
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(c.listen, *creds, &bound_port);
+  const int64_t max_msg = static_cast<int64_t>(c.batcher.max_rows) *
+                              std::max<int64_t>(m.vocab * 4, m.geo.hidden * 4) + (1 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_msg, INT32_MAX)));
+  builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(max_msg, INT32_MAX)));
+  // No SO_REUSEPORT: a second server on the same port must fail, not silently share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(f->service.get());
+  builder.RegisterService(&f->health);
+  f->server = builder.BuildAndStart();
+  if (!f->server || bound_port == 0)
+    return StepFailed("listen_failed", absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen)));
+  f->health.SetServing(false);
+  Log(LogLevel::kInfo, "grpc_listening", "address", c.listen, "port", bound_port, "tls", c.tls.mode());
+  return f;
+}
+
+}  // namespace drafthead

@@ -1,0 +1,2 @@
+# common/: what every program shares.
+drafthead_add_test(command_line_test SOURCES command_line_test.cc LIBS drafthead_cli)
