@@ -1,3 +1,6 @@
+// DraftHeadClient: channels, retries with backoff, the blocking calls, streams and the async
+// calls. One file (~570 lines): one class's implementation, whose sync and async paths share the
+// retry and deadline helpers at the top.
 #include "client/drafthead_client.h"
 
 #include <algorithm>

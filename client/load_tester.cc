@@ -1,10 +1,12 @@
+// The load tester's engine: call reactors (unary, stream), the open- and closed-loop scheduler,
+// per-thread statistics and their merge. One file (~640 lines) because the reactors, the scheduler
+// and the merge all work on Run's private state; the wire scanner is apart (response_scan.cc).
 #include "client/load_tester.h"
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <deque>
 #include <memory>
@@ -12,81 +14,23 @@
 #include <random>
 #include <thread>
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/response_scan.h"
 
 namespace drafthead::client {
 namespace {
 
-using google::protobuf::io::CodedInputStream;
-using google::protobuf::internal::WireFormatLite;
-
 constexpr char kUnaryMethod[] = "/drafthead.v1.DraftHead/ComputeLogits";
 constexpr char kStreamMethod[] = "/drafthead.v1.DraftHead/StreamLogits";
 constexpr int kCodes = 17;              // gRPC status codes 0..16
-constexpr int kMalformedCode = 13;      // INTERNAL: an answer we could not read
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-bool ScanTiming(CodedInputStream& in, ScannedResponse* out) {
-  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-    const int field = WireFormatLite::GetTagFieldNumber(tag);
-    uint32_t v;
-    if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT && field >= 1 && field <= 3) {
-      if (!in.ReadVarint32(&v)) return false;
-      (field == 1 ? out->queue_us : field == 2 ? out->compute_us : out->batch_rows) = v;
-    } else if (!WireFormatLite::SkipField(&in, tag)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool ScanError(CodedInputStream& in, ScannedResponse* out) {
-  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-    const int field = WireFormatLite::GetTagFieldNumber(tag);
-    if (field == 1 && WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT) {
-      uint64_t v;
-      if (!in.ReadVarint64(&v)) return false;
-      out->error_code = static_cast<int32_t>(v);
-    } else {
-      if (field == 2) out->has_error_message = true;
-      if (!WireFormatLite::SkipField(&in, tag)) return false;
-    }
-  }
-  return true;
-}
-
-// LogitsResponse: rows = 2 (varint), timing = 9, error = 10 (messages); everything else skipped.
-bool Scan(CodedInputStream& in, ScannedResponse* out) {
-  in.SetTotalBytesLimit(INT_MAX);
-  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-    const int field = WireFormatLite::GetTagFieldNumber(tag);
-    const auto wt = WireFormatLite::GetTagWireType(tag);
-    if (field == 2 && wt == WireFormatLite::WIRETYPE_VARINT) {
-      if (!in.ReadVarint32(&out->rows)) return false;
-    } else if ((field == 9 || field == 10) && wt == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-      uint32_t len;
-      if (!in.ReadVarint32(&len)) return false;
-      const auto limit = in.PushLimit(static_cast<int>(len));
-      if (!(field == 9 ? ScanTiming(in, out) : ScanError(in, out))) return false;
-      if (!in.ConsumedEntireMessage()) return false;
-      in.PopLimit(limit);
-    } else if (!WireFormatLite::SkipField(&in, tag)) {
-      return false;
-    }
-  }
-  return in.ConsumedEntireMessage();
 }
 
 // ---- per-thread statistics --------------------------------------------------------------------
@@ -359,19 +303,7 @@ void UnaryCall::OnDone(const grpc::Status& s) {
   int code = static_cast<int>(s.error_code());
   const std::string status_message = s.ok() ? std::string() : s.error_message();
   const std::string* msg = &status_message;
-  static const std::string kMalformed = "response is not a valid LogitsResponse";
-  static const std::string kInBand = "in-band error";
-  if (s.ok()) {
-    grpc::ProtoBufferReader reader(&response_);
-    CodedInputStream in(&reader);
-    if (!Scan(in, &r)) {
-      code = kMalformedCode;
-      msg = &kMalformed;
-    } else if (r.error_code != 0) {
-      code = r.error_code;
-      msg = &kInBand;
-    }
-  }
+  if (s.ok()) code = ScanAnswer(&response_, &r, &msg);
   run_->Record(start_ns_, now, seq_, code, r, msg);
   run_->UnaryDone(this, now);
 }
@@ -436,21 +368,8 @@ void StreamCall::OnReadDone(bool ok) {
     return;
   }
   ScannedResponse r;
-  int code = 0;
-  static const std::string kMalformed = "response is not a valid LogitsResponse";
-  static const std::string kInBand = "in-band error";
   const std::string* msg = nullptr;
-  {
-    grpc::ProtoBufferReader reader(&read_buf_);
-    CodedInputStream in(&reader);
-    if (!Scan(in, &r)) {
-      code = kMalformedCode;
-      msg = &kMalformed;
-    } else if (r.error_code != 0) {
-      code = r.error_code;
-      msg = &kInBand;
-    }
-  }
+  const int code = ScanAnswer(&read_buf_, &r, &msg);
   Pending p{0, 0};
   bool matched = false;
   {
@@ -706,12 +625,6 @@ LoadResult Run::Merge() {
 }
 
 }  // namespace
-
-bool ScanLogitsResponse(const std::string& bytes, ScannedResponse* out) {
-  google::protobuf::io::ArrayInputStream stream(bytes.data(), static_cast<int>(bytes.size()));
-  CodedInputStream in(&stream);
-  return Scan(in, out);
-}
 
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
                                    uint32_t rows_per_request) {

@@ -104,13 +104,4 @@ struct LoadResult {
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
                                    uint32_t rows_per_request);
 
-// Reads the measured fields of a serialized LogitsResponse without parsing it into a message
-// (skips the logits bytes). False if the bytes are not a valid LogitsResponse encoding.
-struct ScannedResponse {
-  uint32_t rows = 0, queue_us = 0, compute_us = 0, batch_rows = 0;
-  int32_t error_code = 0;
-  bool has_error_message = false;
-};
-bool ScanLogitsResponse(const std::string& bytes, ScannedResponse* out);
-
 }  // namespace drafthead::client

@@ -1,4 +1,6 @@
 // drafthead-client: info | logits | load (docs/client.md; the SPEC fixes info and logits).
+// One file (~570 lines): the flags are declared once for all three commands, which share the
+// connection and input handling below.
 //
 // Exit codes (common/exit_codes.h): 0 done; 1 the server or the run failed (message on stderr); 2 bad
 // usage or input.

@@ -1,5 +1,5 @@
 // The per-row reductions every backend's epilogue implements, and the largest TOP_K k any kernel
-// serves. The wire format (server/engine/wire_format.h) asserts that its RowMode numbering and
+// serves. The wire format (server/group/wire_format.h) asserts that its RowMode numbering and
 // its --max-top-k cap agree with these, so the kernels need not depend on server/.
 #pragma once
 

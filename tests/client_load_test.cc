@@ -12,6 +12,7 @@
 #include "client/drafthead_client.h"
 #include "client/load_report.h"
 #include "client/load_tester.h"
+#include "client/response_scan.h"
 #include "client/testing/fake_server_process.h"
 #include "kernels/numeric.h"
 

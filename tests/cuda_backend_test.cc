@@ -14,7 +14,7 @@
 #include "kernels/cpu/twin.h"
 #include "kernels/numeric.h"
 #include "server/backends/compute_backend.h"
-#include "server/engine/wire_format.h"
+#include "server/group/wire_format.h"
 #include "server/comm/nccl_collective.h"
 #include "server/comm/rendezvous.h"
 

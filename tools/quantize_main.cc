@@ -24,7 +24,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/twin.h"
 #include "common/safetensors.h"
-#include "server/engine/shard_geometry.h"
+#include "server/group/shard_geometry.h"
 #include "common/status_macros.h"
 #include "server/weights/shard_weights.h"
 

@@ -1,5 +1,5 @@
 // Per-shard epilogue on the GPU: turns a batch's fp32 logits into one rank's payload (the layout of
-// server/engine/wire_format.h, written at the caller's offsets): FULL_LOGITS rows copied or rounded
+// server/group/wire_format.h, written at the caller's offsets): FULL_LOGITS rows copied or rounded
 // to bf16 (RNE, kernels/numeric.h FloatToBf16), TOP_K / ARGMAX / SAMPLE rows reduced to a
 // SoftmaxPartial and k Candidate records (kernels/candidate.h), exactly as
 // kernels/cpu/shard_reduce.cc does: same order (larger key first, ties to the smaller id, NaN

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/comm/rendezvous.h"
-#include "server/engine/wire_format.h"
+#include "server/group/wire_format.h"
 
 ABSL_FLAG(std::string, weights, "", "Checkpoint: a .safetensors file or a directory (sharded: model.safetensors.index.json)");
 ABSL_FLAG(std::string, tensor, "lm_head.weight", "The LM head tensor in the checkpoint");

@@ -13,7 +13,7 @@
 #include "server/api/health.h"
 #include "server/api/service.h"
 #include "server/app/config.h"
-#include "server/engine/shard_geometry.h"
+#include "server/group/shard_geometry.h"
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
 #include "server/weights/shard_weights.h"

@@ -1,5 +1,5 @@
 // A compute backend holds one rank's shard (the fp8 twin, optionally the bf16 head) and turns a
-// batch of hidden rows into this rank's payload (server/engine/wire_format.h): its slice of the
+// batch of hidden rows into this rank's payload (server/group/wire_format.h): its slice of the
 // full logits for FULL_LOGITS rows, k candidates and a softmax partial for reduction rows.
 // Implementations: cpu_backend.cc, cuda_backend.cc (CUDA builds).
 //
@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/engine/wire_format.h"
+#include "server/group/wire_format.h"
 #include "server/comm/collective.h"
-#include "server/engine/shard_geometry.h"
+#include "server/group/shard_geometry.h"
 
 namespace drafthead {
 

@@ -17,9 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "server/backends/compute_backend.h"
-#include "server/engine/wire_format.h"
+#include "server/group/wire_format.h"
 #include "server/comm/collective.h"
-#include "server/engine/shard_geometry.h"
+#include "server/group/shard_geometry.h"
 
 namespace drafthead {
 

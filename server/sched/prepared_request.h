@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "server/engine/shard_geometry.h"
-#include "server/engine/wire_format.h"
+#include "server/group/shard_geometry.h"
+#include "server/group/wire_format.h"
 
 namespace drafthead {
 

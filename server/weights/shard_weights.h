@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/engine/shard_geometry.h"
+#include "server/group/shard_geometry.h"
 
 namespace drafthead {
 
