@@ -1,0 +1,12 @@
+# On the GPU machine, from the repository root: `source bench/gpu/env.sh`. Unpacks
+# $DH_BUNDLE (default bundle-gpu/drafthead-gpu.tar.xz, made by bench/gpu/bundle.sh) into $DH (default /tmp/dh) once and
+# puts its programs, libraries and Python stubs on the paths.
+DH=${DH:-/tmp/dh}
+DH_BUNDLE=${DH_BUNDLE:-bundle-gpu/drafthead-gpu.tar.xz}
+if [ ! -x "$DH/bin/server/drafthead-server" ]; then
+  mkdir -p "$DH" && tar -C "$DH" -xJf "$DH_BUNDLE"
+fi
+export DH DRAFTHEAD_BIN_DIR="$DH/bin"
+export PATH="$DH/bin/server:$DH/bin/client:$DH/bin/bench:$DH/bin/tools:$DH/bin/tests:$PATH"
+export LD_LIBRARY_PATH="$DH/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONPATH="$DH/python:$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
