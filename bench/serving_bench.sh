@@ -1,11 +1,55 @@
 #!/bin/bash
-# Serving benchmark (issue #4's figures) on this machine: a tp=4 CPU group at the real shapes
-# (synthetic weights), M=5 TOP_K k=8 requests from the bundled load client at concurrency 1, 8,
-# 64, with batching on (default) and off (--max-batch-requests=1); then a soak at concurrency 32
-# with rank 0's RSS before and after. Prints tables. Usage: bench/serving_bench.sh [BUILD_DIR]
-# [SECONDS_PER_POINT] [SOAK_SECONDS]
+# Serving benchmarks on this machine. Prints Markdown tables.
+#
+#   bench/serving_bench.sh overhead [BUILD_DIR] [SECONDS_PER_POINT]
+#     Issue 11's CPU target: a trivial head (K=64, 256 rows, synthetic) at c=1 against
+#     drafthead-fake-server (an instant answer: gRPC and the client alone) in the same run, tp=1
+#     and tp=2 over Gloo, M=1 ARGMAX and M=5 TOP_K k=8, unary and stream; p50 ratios and the
+#     server's stage breakdown (Timing).
+#   bench/serving_bench.sh [BUILD_DIR] [SECONDS_PER_POINT] [SOAK_SECONDS]
+#     Issue 4's figures: a tp=4 CPU group at the real shapes (synthetic weights), M=5 TOP_K k=8
+#     requests at concurrency 1, 8, 64, with batching on (default) and off
+#     (--max-batch-requests=1); then a soak at concurrency 32 with rank 0's RSS before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = overhead ]; then
+  build=${2:-build}; secs=${3:-5}
+  srv=$build/server/drafthead-server; cli=$build/client/drafthead-client
+  fake=$build/client/drafthead-fake-server
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  source bench/serving_lib.sh
+  echo "date: $(date -u '+%F %H:%M UTC'), host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  shapes=(--hidden-size=64 --padded-vocab=256)
+  modes=("argmax M=1|--rows=1 --mode=argmax" "topk M=5 k=8|--rows=5 --mode=topk --k=8")
+  declare -A fake_p50
+  point_header
+  serve "$fake" "$tmp/fake.log" --hidden-size=64 --vocab-size=256
+  for m in "${modes[@]}"; do
+    for s in unary stream; do
+      flag=; [ $s = stream ] && flag=--stream
+      point "fake ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
+      fake_p50["${m%%|*} $s"]=$p50
+    done
+  done
+  unserve
+  ratios=()
+  for tp in 1 2; do
+    serve "$srv" "$tmp/srv$tp.log" --tp=$tp --backend=cpu --comm=gloo --threads=1 --synthetic=1 "${shapes[@]}"
+    for m in "${modes[@]}"; do
+      for s in unary stream; do
+        flag=; [ $s = stream ] && flag=--stream
+        point "tp=$tp ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
+        ratios+=("| tp=$tp | ${m%%|*} | $s | ${fake_p50["${m%%|*} $s"]} | $p50 | $(python3 -c "print(f'{$p50/${fake_p50["${m%%|*} $s"]}:.2f}x')") |")
+      done
+    done
+    unserve
+  done
+  echo
+  echo "| tp | request | call | fake p50 us | drafthead p50 us | ratio |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  printf '%s\n' "${ratios[@]}"
+  exit 0
+fi
 build=${1:-build}; secs=${2:-10}; soak=${3:-60}
 srv=$build/server/drafthead-server; cli=$build/client/drafthead-client
 port=$((20000 + RANDOM % 20000))

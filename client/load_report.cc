@@ -28,6 +28,14 @@ Json SplitJson(const LogLinearHistogram& h, double scale_to_us) {
               {"p99", Round3(h.Percentile(0.99) * scale_to_us)}};
 }
 
+// "validate 3.0 | broadcast 0.0 | ...": each server stage's p50 in us.
+std::string StagesP50(const LoadResult& r) {
+  std::string o;
+  for (int i = 0; i < kTimingStages; ++i)
+    absl::StrAppendFormat(&o, "%s%s %.1f", i ? " | " : "", kTimingStageNames[i], r.stage_us[i].Percentile(0.5));
+  return o;
+}
+
 std::string LoopName(const LoadResult& r) { return r.rps_target > 0 ? "open" : "closed"; }
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
@@ -141,6 +149,9 @@ Json ToJson(const LoadReport& rep) {
     x["server_us"] = Json{{"queue", SplitJson(r.queue_us, 1.0)},
                           {"compute", SplitJson(r.compute_us, 1.0)},
                           {"network_client", SplitJson(r.overhead, 1e-3)}};
+    Json stages = Json::object();
+    for (int i = 0; i < kTimingStages; ++i) stages[kTimingStageNames[i]] = SplitJson(r.stage_us[i], 1.0);
+    x["server_stages_us"] = stages;
     x["batch_rows_p50"] = r.batch_rows.Percentile(0.5);
     x["send_lag_us"] = Json{{"p50", Round3(Us(r.send_lag.Percentile(0.5)))},
                             {"p99", Round3(Us(r.send_lag.Percentile(0.99)))},
@@ -193,6 +204,7 @@ std::string FormatText(const LoadReport& rep) {
     absl::StrAppendFormat(&o, "split us   queue p50 %.1f (mean %.1f) | compute p50 %.1f (mean %.1f) | network+client p50 %.1f (mean %.1f)\n",
                           r.queue_us.Percentile(0.5), r.queue_us.mean(), r.compute_us.Percentile(0.5), r.compute_us.mean(),
                           Us(r.overhead.Percentile(0.5)), Us(r.overhead.mean()));
+    absl::StrAppendFormat(&o, "stages us  p50 %s\n", StagesP50(r));
     absl::StrAppendFormat(&o, "batch_rows p50 %.0f\n", r.batch_rows.Percentile(0.5));
     if (r.rps_target > 0) {
       absl::StrAppendFormat(&o, "send lag us p50 %.1f  p99 %.1f  max %.1f (sends behind schedule)\n", Us(r.send_lag.Percentile(0.5)),
@@ -254,6 +266,15 @@ std::string ToHtml(const LoadReport& rep) {
                           Us(h.Percentile(0.5)), Us(h.Percentile(0.9)), Us(h.Percentile(0.99)), Us(h.Percentile(0.999)),
                           Us(h.max()), r.queue_us.Percentile(0.5), r.compute_us.Percentile(0.5),
                           Us(r.overhead.Percentile(0.5)), r.batch_rows.Percentile(0.5));
+  }
+  o += "</table>\n<h2>Server stages (p50 us, from Timing)</h2>\n<table>\n<tr><th>run</th>";
+  for (const char* name : kTimingStageNames) absl::StrAppend(&o, "<th>", name, "</th>");
+  o += "</tr>\n";
+  for (const LoadResult& r : rep.runs) {
+    absl::StrAppend(&o, "<tr><td class=\"k\">", HtmlEscape(RunTitle(r)), "</td>");
+    for (int i = 0; i < kTimingStages; ++i)
+      absl::StrAppendFormat(&o, "<td>%.1f</td>", r.stage_us[i].Percentile(0.5));
+    o += "</tr>\n";
   }
   o += "</table>\n";
   bool any_errors = false;

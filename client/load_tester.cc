@@ -37,6 +37,7 @@ int64_t NowNs() {
 
 struct ThreadStats {
   LogLinearHistogram latency{7}, queue{7}, compute{7}, overhead{7}, batch_rows{7};
+  std::vector<LogLinearHistogram> stages = std::vector<LogLinearHistogram>(kTimingStages, LogLinearHistogram(7));
   std::array<uint64_t, kCodes> codes{};
   std::array<std::string, kCodes> examples;
   uint64_t ok = 0, rows = 0;
@@ -198,6 +199,7 @@ class Run {
       t->queue.Record(r.queue_us);
       t->compute.Record(r.compute_us);
       t->batch_rows.Record(r.batch_rows);
+      for (int i = 0; i < kTimingStages; ++i) t->stages[i].Record(r.stage_us[i]);
       const int64_t server_ns = (int64_t{r.queue_us} + r.compute_us) * 1000;
       t->overhead.Record(static_cast<uint64_t>(std::max<int64_t>(0, lat - server_ns)));
     }
@@ -594,6 +596,7 @@ LoadResult Run::Merge() {
     r.compute_us.Merge(t->compute);
     r.overhead.Merge(t->overhead);
     r.batch_rows.Merge(t->batch_rows);
+    for (int i = 0; i < kTimingStages; ++i) r.stage_us[i].Merge(t->stages[i]);
     for (int c = 0; c < kCodes; ++c) {
       codes[c] += t->codes[c];
       if (c != 0 && !t->examples[c].empty() && !r.error_examples.count(c)) r.error_examples[c] = t->examples[c];

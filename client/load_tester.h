@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "client/drafthead_client.h"
 #include "client/histogram.h"
+#include "client/response_scan.h"
 
 namespace drafthead::client {
 
@@ -92,6 +93,8 @@ struct LoadResult {
   LogLinearHistogram compute_us{7};  // server Timing.compute_us
   LogLinearHistogram overhead{7};    // ns: latency - queue - compute = network + client + server framing
   LogLinearHistogram batch_rows{7};
+  // us: the server's Timing stages (kTimingStageNames order)
+  std::vector<LogLinearHistogram> stage_us = std::vector<LogLinearHistogram>(kTimingStages, LogLinearHistogram(7));
   LogLinearHistogram send_lag{7};    // ns: open loop, actual send - scheduled send
   std::vector<SecondStats> timeline;
   std::vector<RequestRecord> records;  // by seq, with LoadOptions::record_requests

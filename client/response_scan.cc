@@ -17,9 +17,14 @@ bool ScanTiming(CodedInputStream& in, ScannedResponse* out) {
   for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     uint32_t v;
-    if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT && field >= 1 && field <= 3) {
+    if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT && field >= 1 &&
+        field <= 3 + kTimingStages) {
       if (!in.ReadVarint32(&v)) return false;
-      (field == 1 ? out->queue_us : field == 2 ? out->compute_us : out->batch_rows) = v;
+      if (field > 3) {
+        out->stage_us[field - 4] = v;
+      } else {
+        (field == 1 ? out->queue_us : field == 2 ? out->compute_us : out->batch_rows) = v;
+      }
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return false;
     }

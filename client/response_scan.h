@@ -12,8 +12,15 @@ namespace drafthead::client {
 
 inline constexpr int kMalformedCode = 13;  // INTERNAL: an answer we could not read
 
+// Timing's per-stage fields, numbers 4 .. 3 + kTimingStages in this order
+// (proto/drafthead/v1/drafthead.proto).
+inline constexpr int kTimingStages = 9;
+inline constexpr const char* kTimingStageNames[kTimingStages] = {
+    "validate", "broadcast", "h2d", "gemv", "epilogue", "gather", "d2h", "combine", "server"};
+
 struct ScannedResponse {
   uint32_t rows = 0, queue_us = 0, compute_us = 0, batch_rows = 0;
+  uint32_t stage_us[kTimingStages] = {};
   int32_t error_code = 0;
   bool has_error_message = false;
 };

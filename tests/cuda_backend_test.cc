@@ -114,7 +114,6 @@ TEST(CudaBackend, PayloadMatchesCpuReductionsAndReferences) {
   const int32_t base = static_cast<int32_t>(host.geo.row_begin());
 
   BatchControl ctl{};
-  ctl.op = BatchOp::kRun;
   std::vector<RowTask> tasks = {
       Task(RowMode::kFullLogits, RowHead::kFp8Twin),
       Task(RowMode::kFullLogits, RowHead::kFp8Twin, 0, OutDType::kBf16),
@@ -227,7 +226,6 @@ TEST(CudaBackend, ManyRowsInOneBatch) {
   const int rows = 100;  // more than one 64-row GEMV pass
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
   BatchControl ctl{};
-  ctl.op = BatchOp::kRun;
   ctl.rows = rows;
   std::vector<uint16_t> x(static_cast<size_t>(rows) * K);
   for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(Gauss(4, i));
@@ -272,6 +270,10 @@ TEST(NcclCollective, OneRankBroadcastAndGather) {
   ASSERT_EQ(cudaMalloc(&da, a.size()), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&db, a.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  // cudaMemcpy from pageable memory may return before the DMA into da lands, and the collective's
+  // stream is not ordered after the legacy stream (collective.h): wait for the copy. Without this
+  // the gather's device-to-device copy could read da early (the flaky failure on the H200).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE((*c)->Broadcast(da, a.size(), MemorySpace::kDevice, std::chrono::seconds(10)).ok());
   ASSERT_TRUE((*c)->Gather(da, a.size(), db, MemorySpace::kDevice, std::chrono::seconds(10)).ok());
   std::vector<uint8_t> back(a.size());

@@ -66,6 +66,13 @@ void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
   timing->set_queue_us(result.queue_us);
   timing->set_compute_us(result.compute_us);
   timing->set_batch_rows(result.batch_rows);
+  const StageTimes& st = result.stages;
+  timing->set_broadcast_us(st.broadcast_us);
+  timing->set_h2d_us(st.h2d_us);
+  timing->set_gemv_us(st.gemv_us);
+  timing->set_epilogue_us(st.epilogue_us);
+  timing->set_gather_us(st.gather_us);
+  timing->set_d2h_us(st.d2h_us);
 }
 
 }  // namespace drafthead

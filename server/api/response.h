@@ -20,7 +20,8 @@ void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLay
                      const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
                      v1::LogitsResponse* resp);
 
-// CombineResponse from a batch result, plus the response's Timing.
+// CombineResponse from a batch result, plus the response's Timing (the batch's stages; the
+// request's own validate / combine / server times are the caller's).
 void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
                    v1::LogitsResponse* resp);
 

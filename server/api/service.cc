@@ -27,6 +27,11 @@ const char* RequestModeName(const v1::LogitsRequest& req) {
   }
 }
 
+uint32_t MicrosSince(Clock::time_point t0) {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+}
+
 Clock::time_point SteadyDeadline(grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
   if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
@@ -49,14 +54,15 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   Metrics* metrics = metrics_;
   auto record = [metrics, mode, rows, arrived, done = std::move(done)](
                     const absl::Status& s, v1::LogitsResponse* resp) {
-    if (metrics) {
-      metrics->RecordRequest(mode, static_cast<int>(s.code()), rows);
-      if (s.ok() && resp != nullptr) {
-        const double total = std::chrono::duration<double>(Clock::now() - arrived).count();
-        metrics->RecordLatency(resp->timing().queue_us() * 1e-6, total);
-      }
-    }
-    done(s, resp);
+    if (metrics == nullptr) return done(s, resp);
+    metrics->RecordRequest(mode, static_cast<int>(s.code()), rows);
+    if (!s.ok() || resp == nullptr) return done(s, resp);
+    const v1::Timing timing = resp->timing();  // done() may move resp away
+    const auto handed = Clock::now();
+    done(s, resp);  // unary: Finish serializes the answer; stream: queued in order
+    metrics->RecordLatency(timing.queue_us() * 1e-6,
+                           std::chrono::duration<double>(handed - arrived).count());
+    metrics->RecordRequestStages(timing.validate_us(), timing.combine_us(), MicrosSince(handed));
   };
   if (!ready_) {
     record(absl::UnavailableError("the rank group is not ready (weights still loading)"), nullptr);
@@ -69,14 +75,20 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   }
   BatchItem item;
   item.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
-  item.enqueued = arrived;
+  item.enqueued = Clock::now();
   item.deadline = SteadyDeadline(ctx);
   item.cancelled = [ctx] { return ctx->IsCancelled(); };
-  item.done = [req = item.req, record = std::move(record)](const absl::Status& s,
-                                                           const BatchRowsResult* result) {
+  const uint32_t validate_us = MicrosSince(arrived);
+  item.done = [req = item.req, arrived, validate_us, record = std::move(record)](
+                  const absl::Status& s, const BatchRowsResult* result) {
     if (!s.ok() || result == nullptr) return record(s, nullptr);
     v1::LogitsResponse resp;
+    const auto t0 = Clock::now();
     BuildResponse(*req, *result, &resp);
+    v1::Timing* timing = resp.mutable_timing();
+    timing->set_validate_us(validate_us);
+    timing->set_combine_us(MicrosSince(t0));
+    timing->set_server_us(MicrosSince(arrived));
     record(s, &resp);
   };
   batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome

@@ -157,6 +157,7 @@ absl::Status ResolveLimits(ServerConfig& c) {
   c.engine.op_timeout = Ms(absl::GetFlag(FLAGS_op_timeout));
   c.engine.load_timeout = Ms(absl::GetFlag(FLAGS_load_timeout));
   c.engine.max_rows = static_cast<int>(max_rows);
+  c.backend_options.max_rows = static_cast<int>(max_rows);
   c.join_timeout = Ms(absl::GetFlag(FLAGS_join_timeout));
   c.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -21,6 +21,13 @@ struct BackendOptions {
   int threads = 0;       // CPU: worker threads (0: all hardware threads)
   int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
   bool keep_bf16 = false;
+  int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
+};
+
+// Where one batch's time went (microseconds of wall or device time). The backend fills its part
+// (h2d, gemv, epilogue, d2h) on each Run; the engine adds the collectives' and its own copy.
+struct StageTimes {
+  uint32_t broadcast_us = 0, h2d_us = 0, gemv_us = 0, epilogue_us = 0, gather_us = 0, d2h_us = 0;
 };
 
 struct LoadReport {
@@ -43,6 +50,8 @@ class ComputeBackend {
   // in `space` (kDevice only for backends with device memory), valid until the next Run.
   virtual absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
                                           MemorySpace space) = 0;
+  // The last successful Run's stages (broadcast and gather left 0).
+  virtual StageTimes stage_times() const = 0;
 
   // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target), valid until the
   // next call to ScratchBuffer; and a copy from it to host memory.

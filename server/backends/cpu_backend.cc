@@ -14,6 +14,10 @@
 namespace drafthead {
 namespace {
 
+uint32_t MicrosBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+}
+
 class CpuBackend : public ComputeBackend {
  public:
   explicit CpuBackend(const BackendOptions& o) : opts_(o), pool_(o.threads) {}
@@ -60,6 +64,7 @@ class CpuBackend : public ComputeBackend {
     const int rows = static_cast<int>(ctl.rows);
     const int64_t S = g.shard_rows, K = g.hidden;
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
+    const auto t0 = std::chrono::steady_clock::now();
     payload_.resize(layout.bytes());
     logits_.resize(static_cast<size_t>(rows) * S);
 
@@ -95,6 +100,7 @@ class CpuBackend : public ComputeBackend {
       }
     }
 
+    const auto t1 = std::chrono::steady_clock::now();
     const int64_t valid = g.valid_cols();
     const int32_t base = static_cast<int32_t>(g.row_begin());
     pool_.ParallelFor(rows, 1, [&](int64_t r0, int64_t r1) {
@@ -129,8 +135,13 @@ class CpuBackend : public ComputeBackend {
         }
       }
     });
+    times_ = StageTimes{};
+    times_.gemv_us = MicrosBetween(t0, t1);
+    times_.epilogue_us = MicrosBetween(t1, std::chrono::steady_clock::now());
     return static_cast<const void*>(payload_.data());
   }
+
+  StageTimes stage_times() const override { return times_; }
 
   absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
     if (space != MemorySpace::kHost)
@@ -153,6 +164,7 @@ class CpuBackend : public ComputeBackend {
   std::vector<uint8_t> payload_, scratch_;
   std::vector<float> logits_, yg_;
   std::vector<uint16_t> xg_;
+  StageTimes times_;
 };
 
 }  // namespace

@@ -1,9 +1,11 @@
 // ComputeBackend on one CUDA GPU (CUDA builds only; compute_backend.cc answers the non-CUDA case).
 // Device memory holds the fp8 twin (built on the GPU from the bf16 shard, or uploaded from
-// --twin), optionally the bf16 shard (--keep-bf16), and grow-only work buffers: x, the fp32
-// logits of the batch, the payload. Host traffic goes through pinned staging buffers: one upload
-// of (x rows grouped by head + the per-row epilogue descriptors) and, for kHost, one download of
-// the payload per Run.
+// --twin), optionally the bf16 shard (--keep-bf16), and work buffers sized at Load for
+// --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
+// batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
+// grouped by head + the per-row epilogue descriptors) and, for kHost, one download of the payload
+// per Run; one stream synchronization per Run. Events between the stages time them
+// (stage_times).
 //
 // Threads: one caller at a time (the rank's engine thread); every entry point makes the backend's
 // device current first, so the caller need not. Failure: absl::Status naming the failing
@@ -81,6 +83,8 @@ class CudaBackend : public ComputeBackend {
   ~CudaBackend() override {
     if (device_ >= 0) cudaSetDevice(device_);
     if (cublas_) cublasDestroy(cublas_);
+    for (cudaEvent_t e : events_)
+      if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -100,6 +104,7 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DH_CUBLAS_CHECK(cublasCreate(&cublas_));
     DH_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    for (cudaEvent_t& e : events_) DH_CUDA_CHECK(cudaEventCreate(&e));
     return absl::OkStatus();
   }
 
@@ -155,6 +160,7 @@ class CudaBackend : public ComputeBackend {
     fast_path_ = cuda::Fp8TwinFitsFastPath(host_exps.data(), static_cast<int64_t>(host_exps.size()));
     if (!opts_.keep_bf16) bf16_.Free();
     geo_ = g;
+    DH_RETURN_IF_ERROR(ReserveWork(std::clamp(opts_.max_rows, 1, kMaxRowsLimit)));
     loaded_ = true;
     rep.device_bytes = elems + exp_elems + (bf16_.p ? elems * 2 : 0);
     return rep;
@@ -168,18 +174,14 @@ class CudaBackend : public ComputeBackend {
     if (rows < 1 || rows > kMaxRowsLimit)
       return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
     const int64_t S = geo_.shard_rows, K = geo_.hidden;
-    const int64_t ldy = (S + 3) / 4 * 4;  // 16-byte aligned logit rows for vector access
+    const int64_t ldy = Ldy();
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
     const size_t xbytes = static_cast<size_t>(rows) * K * 2;
     const size_t desc_off = Align16(xbytes);
     const size_t stage_bytes = desc_off + rows * sizeof(cuda::ReduceRow);
 
-    DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
-    DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
-    DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * ldy * 4));
-    DH_CUDA_CHECK(payload_.Reserve(std::max<size_t>(layout.bytes(), 16)));
-    const size_t scratch_bytes = cuda::EpilogueScratchBytes(geo_.valid_cols(), rows);
-    DH_CUDA_CHECK(escratch_.Reserve(std::max<size_t>(scratch_bytes, 16)));
+    // No-ops after Load's ReserveWork unless a batch exceeds --max-rows (tests).
+    DH_RETURN_IF_ERROR(ReserveWork(rows));
 
     // Group rows by head so each head's weights are read once; y rows follow that order.
     auto* sx = static_cast<uint16_t*>(stage_.p);
@@ -215,7 +217,9 @@ class CudaBackend : public ComputeBackend {
           "cuda backend: a row has an unknown mode, k outside 1..", cuda::kMaxTopK,
           " (1 for ARGMAX / SAMPLE) or a temperature <= 0"));
 
+    DH_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
     DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, stage_bytes, cudaMemcpyHostToDevice, stream_));
+    DH_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
     if (n_fp8 > 0) {
@@ -228,22 +232,35 @@ class CudaBackend : public ComputeBackend {
                                          static_cast<const uint16_t*>(bf16_.p), S,
                                          y + static_cast<size_t>(n_fp8) * ldy, ldy, stream_));
     }
+    DH_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage_.p) + desc_off);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, rows,
                                       static_cast<uint8_t*>(payload_.p), escratch_.p,
                                       escratch_.bytes, stream_, desc));
+    DH_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
     if (space == MemorySpace::kHost) {
-      DH_CUDA_CHECK(hpayload_.Reserve(std::max<size_t>(layout.bytes(), 16)));
       DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, layout.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
     }
-    // Synchronous at the end: the staging buffers are reused by the next Run and a collective on
-    // another stream may read the payload next.
+    DH_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+    // Synchronous at the end (the one wait of the batch): the staging buffers are reused by the
+    // next Run, and a collective on another stream may read the payload next (collective.h: device
+    // buffers must be complete before a collective call).
     DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    float ms[4] = {};
+    for (int i = 0; i < 4; ++i) DH_CUDA_CHECK(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+    auto us = [](float m) { return static_cast<uint32_t>(m * 1000.f + 0.5f); };
+    times_ = StageTimes{};
+    times_.h2d_us = us(ms[0]);
+    times_.gemv_us = us(ms[1]);
+    times_.epilogue_us = us(ms[2]);
+    times_.d2h_us = us(ms[3]);
     return static_cast<const void*>(space == MemorySpace::kHost ? hpayload_.p : payload_.p);
   }
+
+  StageTimes stage_times() const override { return times_; }
 
   absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
     DH_CUDA_CHECK(cudaSetDevice(device_));
@@ -268,6 +285,31 @@ class CudaBackend : public ComputeBackend {
   }
 
  private:
+  int64_t Ldy() const { return (geo_.shard_rows + 3) / 4 * 4; }  // 16-byte aligned logit rows
+
+  // Work buffers for `rows` rows of any mode (the largest payload row is fp32 full logits).
+  absl::Status ReserveWork(int rows) {
+    const int64_t S = geo_.shard_rows, K = geo_.hidden;
+    const size_t stage_bytes =
+        Align16(static_cast<size_t>(rows) * K * 2) + rows * sizeof(cuda::ReduceRow);
+    size_t payload_bytes = 16;
+    for (const RowMode m : {RowMode::kFullLogits, RowMode::kTopK}) {
+      RowTask t{};
+      t.mode = m;
+      t.dtype = OutDType::kFp32;
+      t.k = kMaxTopKLimit;
+      payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
+    }
+    DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
+    DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
+    DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
+    DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
+    DH_CUDA_CHECK(hpayload_.Reserve(payload_bytes));
+    DH_CUDA_CHECK(escratch_.Reserve(
+        std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
+    return absl::OkStatus();
+  }
+
   BackendOptions opts_;
   int rank_;
   int device_ = -1;
@@ -279,6 +321,8 @@ class CudaBackend : public ComputeBackend {
   DeviceMem codes_, exps_, bf16_;        // the shard
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
   PinnedMem stage_, hpayload_, hscratch_;
+  cudaEvent_t events_[5] = {};  // before H2D, after H2D, GEMV, epilogue, D2H
+  StageTimes times_;
 };
 
 }  // namespace

@@ -4,6 +4,12 @@
 // (inproc_collective.h).
 //
 // Threads: one thread per rank calls into a Collective; calls are not thread-safe.
+// Device buffers (MemorySpace::kDevice, collectives that AcceptsDeviceMemory): the collective
+// works on a stream of its own that is not ordered after any other stream, the legacy default
+// stream included. So before a call, every write to a device buffer it reads must be complete, not
+// just enqueued (synchronize the producing stream; note that cudaMemcpy from pageable host memory
+// may return before its DMA lands), and no other work may touch its buffers until the call
+// returns. On return the collective's own work on them is complete (it waits for its stream).
 // Failure: every call takes a timeout and returns a non-OK status (UNAVAILABLE for a lost peer,
 // DEADLINE_EXCEEDED for a timeout) instead of blocking forever. After a failure the collective is
 // broken: the only valid call is the destructor.

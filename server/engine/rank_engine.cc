@@ -1,5 +1,6 @@
 #include "server/engine/rank_engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,16 @@
 #include "common/status_macros.h"
 
 namespace drafthead {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint32_t MicrosSince(Clock::time_point t0) {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+}
+
+}  // namespace
 
 RankEngine::RankEngine(std::unique_ptr<Collective> comm, std::unique_ptr<ComputeBackend> backend,
                        ShardGeometry geo, EngineOptions opts)
@@ -14,6 +25,9 @@ RankEngine::RankEngine(std::unique_ptr<Collective> comm, std::unique_ptr<Compute
   // Device-resident payloads only when both sides can: NCCL moves them GPU to GPU.
   space_ = (comm_->AcceptsDeviceMemory() && backend_->name() == "cuda") ? MemorySpace::kDevice
                                                                           : MemorySpace::kHost;
+  // Sized by the hard row cap, not --max-rows, so ranks agree on it whatever their flags.
+  max_message_bytes_ = std::max(BatchMessageBytes(kMaxRowsLimit, geo_.hidden), kMinFrameBytes);
+  msg_.resize(frame_bytes_);
 }
 
 absl::StatusOr<std::vector<RankReadyReport>> RankEngine::ExchangeReady(
@@ -24,73 +38,129 @@ absl::StatusOr<std::vector<RankReadyReport>> RankEngine::ExchangeReady(
   return all;
 }
 
-absl::Status RankEngine::BroadcastControl(BatchControl* ctl, std::chrono::milliseconds timeout) {
-  // Only the header and the used tasks travel.
-  const size_t bytes = offsetof(BatchControl, tasks) + sizeof(RowTask) * kMaxRowsLimit;
-  return comm_->Broadcast(ctl, bytes, MemorySpace::kHost, timeout);
+uint16_t* RankEngine::HiddenRowsFor(uint32_t rows) {
+  // At least the frame too, so StartMessage never reallocates under the caller's rows.
+  const size_t need = std::max(BatchMessageBytes(rows, geo_.hidden), frame_bytes_);
+  if (msg_.size() < need) msg_.resize(need);
+  return reinterpret_cast<uint16_t*>(msg_.data() + BatchHiddenOffset(rows));
 }
 
-absl::Status RankEngine::ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
-                                          const PayloadLayout& layout, void* recv) {
-  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
-  return comm_->Gather(payload, layout.bytes(), recv, space_, opts_.op_timeout);
+void RankEngine::StartMessage(BatchOp op, uint32_t rows, size_t bytes) {
+  const size_t need = std::max(bytes, frame_bytes_);
+  if (msg_.size() < need) msg_.resize(need);
+  BatchHeader* h = header();
+  *h = BatchHeader{};
+  h->op = op;
+  h->seq = ++seq_;
+  h->rows = rows;
+  h->message_bytes = bytes;
+  h->next_frame_bytes = static_cast<uint32_t>(
+      op == BatchOp::kRun ? FrameBytesFor(bytes, max_message_bytes_) : frame_bytes_);
 }
 
-absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ctl_in,
+absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeout) {
+  if (world() == 1) return absl::OkStatus();
+  if (msg_.size() < frame_bytes_) msg_.resize(frame_bytes_);
+  DH_RETURN_IF_ERROR(comm_->Broadcast(msg_.data(), frame_bytes_, MemorySpace::kHost, first_timeout));
+  const BatchHeader h = *header();
+  if (h.magic != BatchHeader::kMagic || h.message_bytes < sizeof(BatchHeader) ||
+      h.message_bytes > max_message_bytes_ || h.next_frame_bytes < kMinFrameBytes ||
+      h.next_frame_bytes > max_message_bytes_) {
+    return absl::DataLossError(absl::StrCat("rank 0 sent a malformed batch header (magic ", h.magic,
+                                            ", ", h.message_bytes, " bytes, next frame ",
+                                            h.next_frame_bytes, ")"));
+  }
+  if (h.message_bytes > frame_bytes_) {  // the tail of a message larger than the agreed frame
+    if (msg_.size() < h.message_bytes) msg_.resize(h.message_bytes);
+    DH_RETURN_IF_ERROR(comm_->Broadcast(msg_.data() + frame_bytes_, h.message_bytes - frame_bytes_,
+                                        MemorySpace::kHost, opts_.op_timeout));
+  }
+  frame_bytes_ = h.next_frame_bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
+                                                         const uint16_t* x, void* recv,
+                                                         StageTimes* times) {
+  // Alone, the payload is read on the host at once: the backend's one download serves.
+  const MemorySpace space = world() == 1 ? MemorySpace::kHost : space_;
+  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space));
+  const StageTimes b = backend_->stage_times();
+  times->h2d_us = b.h2d_us;
+  times->gemv_us = b.gemv_us;
+  times->epilogue_us = b.epilogue_us;
+  times->d2h_us = b.d2h_us;
+  if (world() == 1) return payload;
+  const auto t0 = Clock::now();
+  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout_.bytes(), recv, space, opts_.op_timeout));
+  times->gather_us = MicrosSince(t0);
+  return static_cast<const void*>(recv);
+}
+
+absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ctl,
                                                           const uint16_t* x) {
-  if (ctl_in.rows == 0 || ctl_in.rows > static_cast<uint32_t>(opts_.max_rows))
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", ctl_in.rows, " rows"));
-  BatchControl ctl = ctl_in;
-  ctl.magic = BatchControl::kMagic;
-  ctl.op = BatchOp::kRun;
-  ctl.seq = ++seq_;
-  DH_RETURN_IF_ERROR(BroadcastControl(&ctl, opts_.op_timeout));
-  const size_t xbytes = static_cast<size_t>(ctl.rows) * geo_.hidden * 2;
-  // Gloo's broadcast writes into the root's buffer too, so rank 0 broadcasts from a copy.
-  x_.resize(xbytes / 2);
-  std::memcpy(x_.data(), x, xbytes);
-  DH_RETURN_IF_ERROR(comm_->Broadcast(x_.data(), xbytes, MemorySpace::kHost, opts_.op_timeout));
-  layout_ = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
+  const uint32_t rows = ctl.rows;
+  if (rows == 0 || rows > static_cast<uint32_t>(opts_.max_rows))
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows"));
+  uint16_t* mx = HiddenRowsFor(rows);
+  if (mx != x) std::memcpy(mx, x, static_cast<size_t>(rows) * geo_.hidden * 2);
+  StartMessage(BatchOp::kRun, rows, BatchMessageBytes(rows, geo_.hidden));
+  std::memcpy(msg_.data() + sizeof(BatchHeader), ctl.tasks, rows * sizeof(RowTask));
+  Gathered g;
+  const auto t0 = Clock::now();
+  DH_RETURN_IF_ERROR(BroadcastMessage(opts_.op_timeout));
+  g.stages.broadcast_us = world() == 1 ? 0 : MicrosSince(t0);
+  layout_ = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
   const size_t total = layout_.bytes() * world();
-  DH_ASSIGN_OR_RETURN(void* recv, backend_->ScratchBuffer(total, space_));
-  DH_RETURN_IF_ERROR(ComputeAndGather(ctl, x_.data(), layout_, recv));
-  gathered_.resize(total);
-  DH_RETURN_IF_ERROR(backend_->CopyToHost(gathered_.data(), recv, total, space_));
-  return Gathered{gathered_.data(), layout_.bytes(), &layout_};
+  void* recv = nullptr;
+  if (world() > 1) {
+    DH_ASSIGN_OR_RETURN(recv, backend_->ScratchBuffer(total, space_));
+  }
+  DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
+  if (world() > 1 && space_ == MemorySpace::kDevice) {
+    const auto t1 = Clock::now();
+    gathered_.resize(total);
+    DH_RETURN_IF_ERROR(backend_->CopyToHost(gathered_.data(), out, total, space_));
+    g.stages.d2h_us += MicrosSince(t1);
+    out = gathered_.data();
+  }
+  g.data = static_cast<const uint8_t*>(out);
+  g.per_rank_bytes = layout_.bytes();
+  g.layout = &layout_;
+  return g;
 }
 
 absl::Status RankEngine::Heartbeat() {
-  BatchControl ctl;
-  ctl.op = BatchOp::kHeartbeat;
-  ctl.seq = ++seq_;
-  return BroadcastControl(&ctl, opts_.op_timeout);
+  StartMessage(BatchOp::kHeartbeat, 0, sizeof(BatchHeader));
+  return BroadcastMessage(opts_.op_timeout);
 }
 
 absl::Status RankEngine::Shutdown() {
-  BatchControl ctl;
-  ctl.op = BatchOp::kShutdown;
-  ctl.seq = ++seq_;
-  return BroadcastControl(&ctl, opts_.op_timeout);
+  StartMessage(BatchOp::kShutdown, 0, sizeof(BatchHeader));
+  return BroadcastMessage(opts_.op_timeout);
 }
 
 absl::Status RankEngine::RunWorker() {
   const auto idle_timeout = WorkerIdleTimeout(opts_);
-  BatchControl ctl;
   for (;;) {
-    absl::Status s = BroadcastControl(&ctl, idle_timeout);
+    absl::Status s = BroadcastMessage(idle_timeout);
+    if (s.code() == absl::StatusCode::kDataLoss) return s;
     if (!s.ok())
       return absl::UnavailableError(absl::StrCat("lost rank 0 (", s.message(), ")"));
-    if (ctl.magic != BatchControl::kMagic)
-      return absl::DataLossError("rank 0 sent a malformed batch header");
-    if (ctl.op == BatchOp::kShutdown) return absl::OkStatus();
-    if (ctl.op == BatchOp::kHeartbeat) continue;
-    if (ctl.op != BatchOp::kRun || ctl.rows == 0 || ctl.rows > kMaxRowsLimit)
-      return absl::DataLossError(absl::StrCat("rank 0 sent an unknown op ", static_cast<int>(ctl.op)));
-    const size_t xbytes = static_cast<size_t>(ctl.rows) * geo_.hidden * 2;
-    x_.resize(xbytes / 2);
-    DH_RETURN_IF_ERROR(comm_->Broadcast(x_.data(), xbytes, MemorySpace::kHost, opts_.op_timeout));
-    layout_ = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
-    DH_RETURN_IF_ERROR(ComputeAndGather(ctl, x_.data(), layout_, nullptr));
+    const BatchHeader h = *header();
+    if (h.op == BatchOp::kShutdown) return absl::OkStatus();
+    if (h.op == BatchOp::kHeartbeat) continue;
+    if (h.op != BatchOp::kRun || h.rows == 0 || h.rows > kMaxRowsLimit ||
+        h.message_bytes != BatchMessageBytes(h.rows, geo_.hidden))
+      return absl::DataLossError(absl::StrCat("rank 0 sent an unknown op ", static_cast<int>(h.op),
+                                              " or a batch of ", h.rows, " rows in ",
+                                              h.message_bytes, " bytes"));
+    ctl_.rows = h.rows;
+    std::memcpy(ctl_.tasks, msg_.data() + sizeof(BatchHeader), h.rows * sizeof(RowTask));
+    layout_ = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
+    const auto* x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
+    StageTimes unused;
+    DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused).status());
   }
 }
 

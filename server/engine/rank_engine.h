@@ -2,9 +2,11 @@
 // Heartbeat, Shutdown); every other rank loops in RunWorker, answering each broadcast batch with
 // its payload. All group traffic goes through here.
 //
-// Protocol per step: Broadcast(BatchControl) from rank 0; for kRun, Broadcast(hidden rows, bf16)
-// then Gather(payload) to rank 0. When idle, rank 0 broadcasts kHeartbeat every kHeartbeatPeriod,
-// so a worker that hears nothing for WorkerIdleTimeout knows rank 0 is gone.
+// Protocol per step: one Broadcast of the step's message from rank 0 (header, row tasks and bf16
+// hidden rows: server/group/wire_format.h; the workers compute straight from the received
+// buffer), then for kRun one Gather(payload) to rank 0. At tp = 1 nothing is sent. When idle, rank
+// 0 broadcasts kHeartbeat every kHeartbeatPeriod, so a worker that hears nothing for
+// WorkerIdleTimeout knows rank 0 is gone.
 //
 // Threads: one thread per rank calls into a RankEngine. Failure: any collective error breaks the
 // group for good (statuses say which rank and what); the caller exits the process.
@@ -65,12 +67,18 @@ class RankEngine {
   // (index = rank); on the others an empty vector.
   absl::StatusOr<std::vector<RankReadyReport>> ExchangeReady(const RankReadyReport& mine);
 
-  // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K]. Returns every rank's payload
-  // back to back (world * per_rank_bytes), per MakePayloadLayout(ctl.tasks, rows, S).
+  // Rank 0: where the next batch's hidden rows (bf16 [rows, K]) may be written, inside the
+  // message the engine broadcasts, so RunBatch need not copy them. Valid until the next call.
+  uint16_t* HiddenRowsFor(uint32_t rows);
+
+  // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K] (HiddenRowsFor's buffer or any
+  // other). Returns every rank's payload back to back (world * per_rank_bytes), per
+  // MakePayloadLayout(ctl.tasks, rows, S), valid until the next batch.
   struct Gathered {
     const uint8_t* data = nullptr;
     size_t per_rank_bytes = 0;
     const PayloadLayout* layout = nullptr;  // the batch's row offsets, valid until the next batch
+    StageTimes stages;                      // where the batch's time went
   };
   absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x);
   absl::Status Heartbeat();
@@ -80,9 +88,15 @@ class RankEngine {
   absl::Status RunWorker();
 
  private:
-  absl::Status BroadcastControl(BatchControl* ctl, std::chrono::milliseconds timeout);
-  absl::Status ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
-                                const PayloadLayout& layout, void* recv);
+  BatchHeader* header() { return reinterpret_cast<BatchHeader*>(msg_.data()); }
+  // Rank 0: sizes msg_ for a message of `bytes` and writes its header.
+  void StartMessage(BatchOp op, uint32_t rows, size_t bytes);
+  // Every rank: the step's message from rank 0 into msg_ (one broadcast of the agreed frame, a
+  // second only for a message larger than it); `first_timeout` bounds the first.
+  absl::Status BroadcastMessage(std::chrono::milliseconds first_timeout);
+  // This rank's payload of the batch in msg_, gathered to rank 0 (recv; nullptr elsewhere).
+  absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
+                                               void* recv, StageTimes* times);
 
   std::unique_ptr<Collective> comm_;
   std::unique_ptr<ComputeBackend> backend_;
@@ -90,9 +104,12 @@ class RankEngine {
   EngineOptions opts_;
   uint64_t seq_ = 0;
   MemorySpace space_ = MemorySpace::kHost;
-  std::vector<uint16_t> x_;           // workers: the broadcast hidden rows
-  std::vector<uint8_t> gathered_;     // rank 0: host copy of the gathered payloads
-  PayloadLayout layout_;              // the current batch's payload layout
+  size_t max_message_bytes_ = 0;     // a batch of opts_.max_rows rows
+  size_t frame_bytes_ = kMinFrameBytes;  // the next broadcast's size, agreed the step before
+  std::vector<uint8_t> msg_;         // the step's message (16-byte aligned: operator new)
+  BatchControl ctl_;                 // workers: the received batch's tasks
+  std::vector<uint8_t> gathered_;    // rank 0: host copy of device-resident gathered payloads
+  PayloadLayout layout_;             // the current batch's payload layout
 };
 
 }  // namespace drafthead

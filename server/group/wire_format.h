@@ -1,6 +1,7 @@
-// What rank 0 broadcasts for one step, and the fixed layout of what each rank sends back.
-// Both are plain bytes on the wire between ranks of one build (no versioning across builds: a
-// group always runs one binary), so they are trivially copyable PODs.
+// What rank 0 broadcasts for one step (one message: header, row tasks, hidden rows), the row
+// tasks as the backends take them, and the fixed layout of what each rank sends back. All plain
+// bytes on the wire between ranks of one build (no versioning across builds: a group always runs
+// one binary), so they are trivially copyable PODs.
 #pragma once
 
 #include <cstddef>
@@ -41,16 +42,44 @@ static_assert(std::is_trivially_copyable_v<RowTask> && sizeof(RowTask) == 24);
 
 enum class BatchOp : uint32_t { kRun = 1, kHeartbeat = 2, kShutdown = 3 };
 
+// One batch's rows as the backends take them (host memory; not sent as such).
 struct BatchControl {
-  static constexpr uint32_t kMagic = 0x44484231;  // "DHB1"
+  uint32_t rows = 0;
+  RowTask tasks[kMaxRowsLimit];
+};
+static_assert(std::is_trivially_copyable_v<BatchControl>);
+
+// One step's message, sent by one broadcast: [BatchHeader][RowTask x rows][pad to 16][bf16 hidden
+// rows x K]. A broadcast's size must be known to every rank beforehand, so each header names the
+// size of the next step's broadcast (`next_frame_bytes`: the power of two that held this batch);
+// a message larger than the agreed frame sends its tail in a second broadcast (the step after a
+// jump in batch size, never in a steady state). Heartbeats keep the frame.
+struct BatchHeader {
+  static constexpr uint32_t kMagic = 0x44484232;  // "DHB2"
   uint32_t magic = kMagic;
   BatchOp op = BatchOp::kHeartbeat;
   uint64_t seq = 0;
   uint32_t rows = 0;
-  uint32_t reserved = 0;
-  RowTask tasks[kMaxRowsLimit];
+  uint32_t next_frame_bytes = 0;
+  uint64_t message_bytes = 0;  // this whole message
 };
-static_assert(std::is_trivially_copyable_v<BatchControl>);
+static_assert(std::is_trivially_copyable_v<BatchHeader> && sizeof(BatchHeader) == 32);
+
+inline constexpr size_t kMinFrameBytes = 256;  // a header and a few tasks
+
+inline size_t BatchHiddenOffset(uint32_t rows) {
+  return (sizeof(BatchHeader) + rows * sizeof(RowTask) + 15) & ~size_t{15};
+}
+inline size_t BatchMessageBytes(uint32_t rows, int64_t hidden) {
+  return BatchHiddenOffset(rows) + static_cast<size_t>(rows) * hidden * 2;
+}
+// The frame that holds a message of `bytes`: a power of two in [kMinFrameBytes, max_bytes], so
+// batches of similar size share one frame.
+inline size_t FrameBytesFor(size_t bytes, size_t max_bytes) {
+  size_t f = kMinFrameBytes;
+  while (f < bytes && f < max_bytes) f *= 2;
+  return f < max_bytes ? f : max_bytes;
+}
 
 // Byte offsets of each row's block inside one rank's payload.
 struct PayloadLayout {

@@ -17,7 +17,9 @@ void BatchLoop::FailInFlight(const absl::Status& status) {
   std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> fail;
   {
     absl::MutexLock l(&inflight_mu_);
-    fail.swap(inflight_);
+    if (inflight_ == nullptr) return;
+    for (auto& it : *inflight_) fail.push_back(std::move(it.done));
+    inflight_ = nullptr;
   }
   for (auto& f : fail) f(status, nullptr);
 }
@@ -27,46 +29,40 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   uint32_t rows = 0;
   for (const auto& it : batch) rows += it.req->rows;
   ctl_.rows = rows;
-  x_.resize(static_cast<size_t>(rows) * K);
+  // The rows go straight into the message the engine broadcasts (and the GEMV reads on rank 0).
+  uint16_t* x = engine_.HiddenRowsFor(rows);
   uint32_t r = 0;
   for (const auto& it : batch) {
     for (uint32_t i = 0; i < it.req->rows; ++i) {
       ctl_.tasks[r + i] = it.req->task;
       ctl_.tasks[r + i].row_in_request = i;
     }
-    std::memcpy(&x_[static_cast<size_t>(r) * K], it.req->x.data(), it.req->x.size() * 2);
+    std::memcpy(x + static_cast<size_t>(r) * K, it.req->x.data(), it.req->x.size() * 2);
     r += it.req->rows;
   }
-  // Each completion becomes once-only, so FailInFlight (another thread) and this one cannot both
-  // answer a request.
   {
     absl::MutexLock l(&inflight_mu_);
-    inflight_.clear();
-    for (auto& it : batch) {
-      auto once = std::make_shared<std::atomic<bool>>(false);
-      auto inner = std::make_shared<std::function<void(const absl::Status&, const BatchRowsResult*)>>(
-          std::move(it.done));
-      it.done = [once, inner](const absl::Status& s, const BatchRowsResult* r) {
-        if (!once->exchange(true)) (*inner)(s, r);
-      };
-      inflight_.push_back(it.done);
-    }
+    inflight_ = &batch;
   }
   const auto t0 = Clock::now();
-  auto gathered = engine_.RunBatch(ctl_, x_.data());
+  auto gathered = engine_.RunBatch(ctl_, x);
   const auto t1 = Clock::now();
+  bool claimed;
   {
     absl::MutexLock l(&inflight_mu_);
-    inflight_.clear();
+    claimed = inflight_ != nullptr;  // else FailInFlight answered the batch
+    inflight_ = nullptr;
   }
   if (!gathered.ok()) {
     const absl::Status fail = absl::UnavailableError(
         absl::StrCat("the rank group failed: ", gathered.status().message()));
-    for (auto& it : batch) it.done(fail, nullptr);
+    if (claimed)
+      for (auto& it : batch) it.done(fail, nullptr);
     return fail;
   }
+  if (!claimed) return absl::OkStatus();
   const double compute_s = std::chrono::duration<double>(t1 - t0).count();
-  if (metrics_) metrics_->RecordBatch(rows, compute_s);
+  if (metrics_) metrics_->RecordBatch(rows, compute_s, gathered->stages);
   BatchRowsResult result;
   result.layout = gathered->layout;
   result.gathered = gathered->data;
@@ -75,6 +71,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   result.batch_rows = rows;
   result.compute_us = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
+  result.stages = gathered->stages;
   for (auto& it : batch) {
     result.queue_us = static_cast<uint32_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(t0 - it.enqueued).count());

@@ -42,11 +42,10 @@ class BatchLoop {
   std::function<void(const absl::Status&)> on_failure_;
   std::atomic<bool> stopping_{false};
   absl::Mutex inflight_mu_;
-  // The completions of the batch now running (FailInFlight takes them).
-  std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> inflight_
-      ABSL_GUARDED_BY(inflight_mu_);
+  // The batch now running, until RunOne claims it back to complete it; FailInFlight may take its
+  // completions first (then RunOne leaves them alone). One pointer, no per-request wrapper.
+  std::vector<BatchItem>* inflight_ ABSL_GUARDED_BY(inflight_mu_) = nullptr;
   BatchControl ctl_;
-  std::vector<uint16_t> x_;
 };
 
 }  // namespace drafthead

@@ -19,6 +19,11 @@ std::vector<double> LatencyBounds() {
           50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0};
 }
 
+// The stages of drafthead_stage_seconds, in Timing's order (proto/drafthead/v1/drafthead.proto).
+enum StageIndex { kValidate, kBroadcast, kH2d, kGemv, kEpilogue, kGather, kD2h, kCombine, kAnswer, kStages };
+constexpr const char* kStageNames[kStages] = {"validate", "broadcast", "h2d", "gemv", "epilogue",
+                                              "gather", "d2h", "combine", "answer"};
+
 void Header(std::string* out, const char* name, const char* type, const char* help) {
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
 }
@@ -52,6 +57,7 @@ Metrics::Metrics(int world)
       queue_s_(LatencyBounds()),
       compute_s_(LatencyBounds()),
       total_s_(LatencyBounds()),
+      stage_s_(kStages, Histogram(LatencyBounds())),
       rank_up_(world, 0),
       weight_bytes_(world, 0) {}
 
@@ -61,11 +67,22 @@ void Metrics::RecordRequest(const std::string& mode, int code, uint32_t rows) {
   if (code == 0) rows_[mode] += rows;
 }
 
-void Metrics::RecordBatch(uint32_t rows, double compute_seconds) {
+void Metrics::RecordBatch(uint32_t rows, double compute_seconds, const StageTimes& st) {
   absl::MutexLock l(&mu_);
   ++batches_;
   batch_rows_.Observe(rows);
   compute_s_.Observe(compute_seconds);
+  const std::pair<StageIndex, uint32_t> stages[] = {
+      {kBroadcast, st.broadcast_us}, {kH2d, st.h2d_us},       {kGemv, st.gemv_us},
+      {kEpilogue, st.epilogue_us},   {kGather, st.gather_us}, {kD2h, st.d2h_us}};
+  for (const auto& [i, us] : stages) stage_s_[i].Observe(us * 1e-6);
+}
+
+void Metrics::RecordRequestStages(uint32_t validate_us, uint32_t combine_us, uint32_t answer_us) {
+  absl::MutexLock l(&mu_);
+  stage_s_[kValidate].Observe(validate_us * 1e-6);
+  stage_s_[kCombine].Observe(combine_us * 1e-6);
+  stage_s_[kAnswer].Observe(answer_us * 1e-6);
 }
 
 void Metrics::RecordLatency(double queue_seconds, double total_seconds) {
@@ -119,6 +136,11 @@ std::string Metrics::Render() const {
   queue_s_.Render("drafthead_queue_seconds", "", &out);
   Header(&out, "drafthead_compute_seconds", "histogram", "Time of one batch across the group (broadcast, compute, gather).");
   compute_s_.Render("drafthead_compute_seconds", "", &out);
+  Header(&out, "drafthead_stage_seconds", "histogram",
+         "Time of one stage: per batch (broadcast, h2d, gemv, epilogue, gather, d2h; device time "
+         "for h2d..d2h on a GPU) or per request (validate, combine, answer = handing it to gRPC).");
+  for (int i = 0; i < kStages; ++i)
+    stage_s_[i].Render("drafthead_stage_seconds", absl::StrCat("stage=\"", kStageNames[i], "\""), &out);
   Header(&out, "drafthead_request_seconds", "histogram", "Time from a request's arrival to its answer.");
   total_s_.Render("drafthead_request_seconds", "", &out);
   Header(&out, "drafthead_queue_rows", "gauge", "Rows waiting in the queue.");

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/backends/compute_backend.h"
 
 namespace drafthead {
 
@@ -37,8 +38,11 @@ class Metrics {
   explicit Metrics(int world);
 
   void RecordRequest(const std::string& mode, int grpc_code, uint32_t rows);
-  void RecordBatch(uint32_t rows, double compute_seconds);
+  void RecordBatch(uint32_t rows, double compute_seconds, const StageTimes& stages);
   void RecordLatency(double queue_seconds, double total_seconds);
+  // One answered request's own stages: validation, combining its shards, handing the answer to
+  // gRPC (serializing it: unary Finish / stream StartWrite).
+  void RecordRequestStages(uint32_t validate_us, uint32_t combine_us, uint32_t answer_us);
   void SetQueueDepth(uint32_t rows, uint32_t requests);
   void SetRankHealth(int rank, bool up);
   void SetWeightBytes(int rank, uint64_t bytes);
@@ -55,6 +59,8 @@ class Metrics {
   Histogram batch_rows_ ABSL_GUARDED_BY(mu_);
   Histogram queue_s_ ABSL_GUARDED_BY(mu_), compute_s_ ABSL_GUARDED_BY(mu_),
       total_s_ ABSL_GUARDED_BY(mu_);
+  // drafthead_stage_seconds{stage=...}: kStageNames order (metrics.cc).
+  std::vector<Histogram> stage_s_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t queue_rows_ ABSL_GUARDED_BY(mu_) = 0, queue_requests_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> rank_up_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "server/backends/compute_backend.h"
 #include "server/group/shard_geometry.h"
 #include "server/group/wire_format.h"
 
@@ -30,6 +31,7 @@ struct BatchRowsResult {
   uint32_t batch_rows = 0;  // rows in the whole batch
   uint32_t queue_us = 0;    // enqueue -> batch start
   uint32_t compute_us = 0;  // the batch across the group
+  StageTimes stages;        // where the batch's compute_us went
 };
 
 }  // namespace drafthead
