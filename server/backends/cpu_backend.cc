@@ -122,7 +122,8 @@ class CpuBackend : public ComputeBackend {
         *part = SoftmaxPartial{0.f, 0.f};
         switch (t.mode) {
           case RowMode::kTopK:
-            cpu::ShardTopK(y, valid, base, t.k, t.temperature, cand, part);
+            // The softmax partial (an exp per column) only for rows that return probs.
+            cpu::ShardTopK(y, valid, base, t.k, t.temperature, cand, t.want_probs ? part : nullptr);
             break;
           case RowMode::kArgmax:
             cpu::ShardArgmax(y, valid, base, cand);

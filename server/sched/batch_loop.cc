@@ -72,16 +72,24 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   result.compute_us = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
   result.stages = gathered->stages;
-  for (auto& it : batch) {
-    result.queue_us = static_cast<uint32_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(t0 - it.enqueued).count());
-    it.done(absl::OkStatus(), &result);
-    result.row0 += it.req->rows;
+  // Pipelined under load: while requests wait, the completer answers this batch and the engine
+  // goes on to the next at once. Alone (c = 1), answering here saves the hand-off.
+  if (completer_->Busy() || batcher_.queued_requests() > 0) {
+    completer_->Submit(std::move(batch), result, t0);
+  } else {
+    AnswerBatch(batch, result, t0);
   }
   return absl::OkStatus();
 }
 
 absl::Status BatchLoop::Run() {
+  completer_ = std::make_unique<Completer>();
+  // Every batch handed over is answered before Run returns (also on a group failure: those
+  // batches finished).
+  struct DrainOnExit {
+    Completer* c;
+    ~DrainOnExit() { c->Drain(); }
+  } drain{completer_.get()};
   for (;;) {
     const bool stopping = stopping_.load();
     // Idle for a heartbeat period: beat, so the workers know rank 0 is alive.

@@ -1,6 +1,7 @@
 // Rank 0's batch loop (the engine thread): takes batches from the Batcher, runs them across the
-// group through the RankEngine and completes each request with its share of the gathered payload. While idle
-// it beats the group's heartbeat. On a group failure it fails everything pending and queued with
+// group through the RankEngine and completes each request with its share of the gathered payload:
+// on the engine thread when nothing else waits, else on the Completer's thread (completer.h) while
+// the engine runs the next batch. While idle it beats the group's heartbeat. On a group failure it fails everything pending and queued with
 // UNAVAILABLE, closes the batcher and reports through on_failure; on Stop it drains the queue first.
 //
 // Threads: Run on one dedicated thread; Stop and the accessors from any thread.
@@ -8,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/sched/batcher.h"
+#include "server/sched/completer.h"
 #include "server/engine/rank_engine.h"
 #include "server/sched/metrics.h"
 
@@ -46,6 +49,7 @@ class BatchLoop {
   // completions first (then RunOne leaves them alone). One pointer, no per-request wrapper.
   std::vector<BatchItem>* inflight_ ABSL_GUARDED_BY(inflight_mu_) = nullptr;
   BatchControl ctl_;
+  std::unique_ptr<Completer> completer_;  // made by Run (its thread lives while Run serves)
 };
 
 }  // namespace drafthead

@@ -1,0 +1,58 @@
+// The batch loop's second stage: answers a finished batch's requests (combining their shards,
+// serializing, handing to gRPC) on its own thread while the engine thread runs the next batch.
+// It takes its own copy of the gathered payload, since the engine reuses its buffers; copies are
+// recycled, so a steady load allocates nothing here.
+//
+// Threads: Submit, Busy and Drain from the engine thread; the completions run on the completer's
+// thread, one batch at a time, in submission order. Drain (also the destructor) answers whatever
+// was submitted before returning: a batch handed over always gets its (OK) answers.
+#pragma once
+
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/sched/batcher.h"
+
+namespace drafthead {
+
+// Answers each request of a finished batch with its share (rows in batch order), queue_us from
+// its enqueue time to `started`.
+void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::time_point started);
+
+class Completer {
+ public:
+  Completer();
+  ~Completer();  // Drain, then stops the thread
+
+  // Answers `items` from `result` (its pointers copied now: valid only during this call).
+  void Submit(std::vector<BatchItem> items, const BatchRowsResult& result,
+              Clock::time_point started);
+  // Whether a submitted batch is not yet fully answered (then a later batch must queue behind it).
+  bool Busy() const;
+  // Returns once everything submitted is answered.
+  void Drain();
+
+ private:
+  struct Job {
+    std::vector<BatchItem> items;
+    BatchRowsResult result;   // gathered / layout point into bytes / layout below
+    Clock::time_point started;
+    std::vector<uint8_t> bytes;
+    PayloadLayout layout;
+  };
+  void Loop();
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty() || stop_; }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.empty() && !running_; }
+
+  mutable absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<uint8_t>> spare_ ABSL_GUARDED_BY(mu_);  // recycled payload copies
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the thread is answering a job taken off jobs_
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace drafthead
