@@ -46,6 +46,15 @@ class Collective {
   // block at offset r * bytes. `recv` is ignored on the other ranks.
   virtual absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
                               std::chrono::milliseconds timeout) = 0;
+
+  // Optional, rank 0: announces the next call's Gather(_, bytes, recv, space, _) before this
+  // rank's own block is ready, so the peers' blocks can travel while it computes (Gloo: the
+  // receives are posted, and a peer's send goes out without waiting for them). The next collective
+  // call must be that Gather; `recv` must stay untouched until it returns. Default: nothing.
+  virtual absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) {
+    (void)recv, (void)bytes, (void)space;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace drafthead

@@ -1,6 +1,7 @@
 #include "server/comm/gloo_collective.h"
 
 #include <cstring>
+#include <memory>
 
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -9,6 +10,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -85,6 +87,14 @@ class GlooCollective : public Collective {
     return absl::OkStatus();
   }
 
+  absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
+    DH_RETURN_IF_ERROR(Usable(space));
+    posted_.reset();
+    if (world() == 1 || rank() != 0 || bytes == 0) return absl::OkStatus();
+    DH_GLOO_CHECK(PostReceives(recv, bytes), rank());
+    return absl::OkStatus();
+  }
+
   absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
                       std::chrono::milliseconds timeout) override {
     DH_RETURN_IF_ERROR(Usable(space));
@@ -93,6 +103,21 @@ class GlooCollective : public Collective {
       return absl::OkStatus();
     }
     if (bytes == 0) return absl::OkStatus();
+    if (posted_ != nullptr) {
+      // Rank 0 with its receives posted: the same slots gloo::gather uses on the peers.
+      std::unique_ptr<Posted> p = std::move(posted_);
+      if (p->recv != recv || p->bytes != bytes || p->tag != PeekTag())
+        return absl::InternalError("gloo: Gather does not match the PostGather before it");
+      NextTag();
+      std::memcpy(recv, send, bytes);
+      bool ok = true;
+      for (int r = 1; r < world() && ok; ++r) DH_GLOO_CHECK(ok = p->buf->waitRecv(timeout), rank());
+      if (!ok) {
+        broken_ = true;
+        return absl::UnavailableError("gloo: the gather's receive was aborted");
+      }
+      return absl::OkStatus();
+    }
     gloo::GatherOptions opts(ctx_);
     // Gloo's API takes a non-const input pointer but only reads it.
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), bytes);
@@ -112,10 +137,30 @@ class GlooCollective : public Collective {
     return absl::OkStatus();
   }
   uint32_t NextTag() { return tag_++ & 0x7fffffffu; }
+  uint32_t PeekTag() const { return tag_ & 0x7fffffffu; }
+
+  // Rank 0's receives of the next gather (gloo's gather slot, the tag that call will take).
+  struct Posted {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    void* recv;
+    size_t bytes;
+    uint32_t tag;
+  };
+  void PostReceives(void* recv, size_t bytes) {
+    auto p = std::make_unique<Posted>();
+    p->buf = ctx_->createUnboundBuffer(recv, bytes * world());
+    p->recv = recv;
+    p->bytes = bytes;
+    p->tag = PeekTag();
+    const uint64_t slot = gloo::Slot::build(gloo::kGatherSlotPrefix, p->tag);
+    for (int r = 1; r < world(); ++r) p->buf->recv(r, slot, r * bytes, bytes);
+    posted_ = std::move(p);
+  }
 
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   uint32_t tag_ = 1;
   bool broken_ = false;
+  std::unique_ptr<Posted> posted_;
 };
 
 }  // namespace

@@ -115,6 +115,8 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ct
   void* recv = nullptr;
   if (world() > 1) {
     DH_ASSIGN_OR_RETURN(recv, backend_->ScratchBuffer(total, space_));
+    // The workers' payloads may land while rank 0 computes its own.
+    DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout_.bytes(), space_));
   }
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
   if (world() > 1 && space_ == MemorySpace::kDevice) {
