@@ -2,7 +2,7 @@
 """Latency of the Python client as a scheduler sees it (issue 11): one call at a time, hidden rows
 in (torch on the GPU when --device=cuda, else numpy bf16 bits), results back where the input lives
 (torch: on the input's device, synchronized before the clock stops). Prints one Markdown row per
-case: p50 / p90 / p99 in microseconds and the server's own time (Timing.server_us) p50.
+case: calls measured, p50 / p90 / p99 in microseconds.
 
     PYTHONPATH=client/python:<build>/client/python_gen \\
       python3 bench/python_client_bench.py --target=127.0.0.1:50051 --device=cuda --seconds=5
