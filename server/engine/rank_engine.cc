@@ -113,12 +113,16 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ct
   layout_ = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
   const size_t total = layout_.bytes() * world();
   void* recv = nullptr;
+  uint32_t post_us = 0;
   if (world() > 1) {
     DH_ASSIGN_OR_RETURN(recv, backend_->ScratchBuffer(total, space_));
     // The workers' payloads may land while rank 0 computes its own.
+    const auto t1 = Clock::now();
     DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout_.bytes(), space_));
+    post_us = MicrosSince(t1);
   }
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
+  g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (world() > 1 && space_ == MemorySpace::kDevice) {
     const auto t1 = Clock::now();
     gathered_.resize(total);
