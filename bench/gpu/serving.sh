@@ -39,7 +39,7 @@ if want tests; then
   for t in cuda_backend_test cuda_kernels_test; do
     b=$DH/bin/tests/$t
     t0=$SECONDS
-    timeout ${TEST_TIMEOUT:-150} "$b" --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.log" 2>&1
+    timeout ${TEST_TIMEOUT:-120} "$b" --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.log" 2>&1
     rc=$?
     fails=$(grep -c '^\[  FAILED  \]' "$tmp/$t.log")
     res="pass (50 repeats)"
