@@ -13,7 +13,8 @@
 #         server's own (Timing.gemv_us, device events around the kernel in the same run), and the
 #         M=64 GEMV for the c=64 bound comes from `bench`.
 # python: bench/python_client_bench.py against the tp=1 server, torch CUDA tensors and numpy.
-# Prints Markdown tables; SECS (default 5) sets the measured seconds per point.
+# Prints Markdown tables; SECS (default 5) sets the measured seconds per point, TEST_TIMEOUT (default
+# 120) the seconds per test binary (50 repeats; rerun `tests` alone with more if one times out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/env.sh
@@ -60,7 +61,8 @@ if want bench; then
   stamp bench
 fi
 
-# targets LABEL GEMV_US: the issue's bound for this point (p50 against the GEMV of the same run).
+# check LABEL BOUND JSON: one point against issue 11's targets (p50 <= GEMV + BOUND, GEMV from the
+# same point; compute <= GEMV + 25; queue <= 10; for topk_unary also p99 <= p50 + 100).
 check() {
   python3 - "$@" <<'PY'
 import json, sys
@@ -70,8 +72,9 @@ gemv = r['server_stages_us']['gemv']['p50']
 p50, p99 = r['latency_us']['p50'], r['latency_us']['p99']
 comp, queue = r['server_us']['compute']['p50'], r['server_us']['queue']['p50']
 ok = lambda c: 'met' if c else 'MISSED'
+p99_note = f" (<= p50 + 100: {ok(p99 <= p50 + 100)})" if label == 'topk_unary' else ''
 print(f"| {label} | {gemv:.0f} | {p50:.0f} | GEMV + {bound_add:.0f} = {gemv + bound_add:.0f}: {ok(p50 <= gemv + bound_add)} "
-      f"| {p99:.0f} | {comp:.0f} (<= GEMV + 25: {ok(comp <= gemv + 25)}) | {queue:.0f} (<= 10: {ok(queue <= 10)}) |")
+      f"| {p99:.0f}{p99_note} | {comp:.0f} (<= GEMV + 25: {ok(comp <= gemv + 25)}) | {queue:.0f} (<= 10: {ok(queue <= 10)}) |")
 PY
 }
 
