@@ -1,9 +1,11 @@
-// The Batcher: packing order, row limits, backpressure, deadlines, cancellation, close.
+// The Batcher: packing order, row limits, backpressure, deadlines, cancellation, close. The
+// Completer: a handed-over batch is answered from its own copy, in order, before Drain returns.
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "server/sched/batcher.h"
+#include "server/sched/completer.h"
 
 namespace drafthead {
 namespace {
@@ -122,6 +124,50 @@ TEST(BatcherTest, CloseFailsQueuedAndLaterRequests) {
   EXPECT_EQ(later.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(later.calls, 1);
   EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());
+}
+
+TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {
+  ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);  // tp = 2: two blocks
+  PayloadLayout layout;
+  layout.row_offset = {0, 16, 32, 48};
+  std::vector<uint8_t> gathered(2 * 48);
+  for (size_t i = 0; i < gathered.size(); ++i) gathered[i] = static_cast<uint8_t>(i);
+  const std::vector<uint8_t> original = gathered;
+  BatchRowsResult base;
+  base.layout = &layout;
+  base.gathered = gathered.data();
+  base.per_rank_bytes = 48;
+  base.geometry = &geo;
+  base.batch_rows = 3;
+  struct Seen {
+    uint32_t row0 = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Seen> seen;  // written by the completer's thread only, read after Drain
+  std::vector<BatchItem> items;
+  for (uint32_t rows : {1u, 2u}) {
+    auto r = std::make_shared<PreparedRequest>();
+    r->rows = rows;
+    BatchItem it;
+    it.req = r;
+    it.enqueued = Clock::now();
+    it.done = [&seen](const absl::Status& s, const BatchRowsResult* res) {
+      ASSERT_TRUE(s.ok());
+      ASSERT_NE(res, nullptr);
+      seen.push_back({res->row0, std::vector<uint8_t>(res->gathered, res->gathered + 96)});
+    };
+    items.push_back(std::move(it));
+  }
+  Completer c;
+  c.Submit(std::move(items), base, Clock::now());
+  std::fill(gathered.begin(), gathered.end(), 0xEE);  // the engine reuses its buffer at once
+  c.Drain();
+  EXPECT_FALSE(c.Busy());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].row0, 0u);
+  EXPECT_EQ(seen[1].row0, 1u);
+  EXPECT_EQ(seen[0].bytes, original);
+  EXPECT_EQ(seen[1].bytes, original);
 }
 
 }  // namespace
