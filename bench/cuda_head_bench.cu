@@ -170,16 +170,17 @@ int main(int argc, char** argv) {
     std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB)\n\n", twin_ms,
                 wbytes * 2 / 1e6, fp8_mb);
     // Columns: d4 (the default kernel again: noise), w32ks2d2 (302, round 2's best variant); the
-    // issue-12 TMA ring (M <= 16): at most 8 / 6 / 4 stages (508 / 506 / 504), + programmatic
-    // dependent launch (518), + L2 evict-first copies (528), both (538).
+    // issue-12 TMA ring (M <= 16; head_gemv_variants.cuh lists the variants).
     struct Col {
       const char* name;
       int variant;
       int max_m;
     };
-    const std::vector<Col> cols = {{"d4", 4, 64},     {"w32ks2d2", 302, 16}, {"ring8", 508, 16},
-                                   {"ring6", 506, 16}, {"ring4", 504, 16},    {"ring8+pdl", 518, 16},
-                                   {"ring8+ef", 528, 16}, {"ring8+pdl+ef", 538, 16}};
+    const std::vector<Col> cols = {
+        {"d4", 4, 64},          {"w32ks2d2", 302, 16},  {"ring8 e1 (run 1)", 548, 16},
+        {"ring8", 508, 16},     {"ring8 e8", 588, 16},  {"ring4", 504, 16},
+        {"ring8+pdl", 518, 16}, {"ring8+ef", 528, 16},  {"c16 ring4", 564, 16},
+        {"c16 ring4+pdl", 574, 16}};
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);
     std::printf(" best ring %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");

@@ -272,6 +272,10 @@ TEST(NcclCollective, OneRankBroadcastAndGather) {
   ASSERT_EQ(cudaMalloc(&da, a.size()), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&db, a.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  // A pageable cudaMemcpy may return before its DMA lands, and the collective's stream does not
+  // wait for the legacy stream: without this the device Gather read a partly written `da` (2 of 22
+  // repeats failed on an H200, 2026-12-03).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE((*c)->Broadcast(da, a.size(), MemorySpace::kDevice, std::chrono::seconds(10)).ok());
   ASSERT_TRUE((*c)->Gather(da, a.size(), db, MemorySpace::kDevice, std::chrono::seconds(10)).ok());
   std::vector<uint8_t> back(a.size());

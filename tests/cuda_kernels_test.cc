@@ -367,13 +367,13 @@ TEST_F(CudaGemv, BenchmarkVariantsAndFallbackAreCorrect) {
 
 // Issue 12's TMA ring (M <= 16): every M on the real shard, the full vocabulary, CTAs with fewer
 // units than consumer warps (n = 17, 1000), K not a multiple of the 128-column stage (zero-filled
-// by the copy engine), ring depths 4 and 8, with and without PDL / evict-first.
+// by the copy engine), every variant (depths, exponent distances, 8 / 16 consumers, PDL, evict-first).
 TEST_F(CudaGemv, TmaRingVariantsAreCorrect) {
   DH_SKIP_WITHOUT_GPU();
   double worst = 0;
-  for (int v : {508, 504, 538})
+  for (int v : {508, 504, 564})
     for (int m = 1; m <= 16; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, v, &worst);
-  for (int v : {508, 518, 528})
+  for (int v : {508, 518, 528, 538, 548, 588, 574})
     for (int m : {1, 5, 9, 16})
       for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
         CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);

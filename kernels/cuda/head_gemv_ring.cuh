@@ -26,10 +26,7 @@
 namespace drafthead::cuda {
 namespace {
 
-constexpr int kRingConsumers = 8;                  // consumer warps, one 16-row unit each
-constexpr int kRingThreads = (kRingConsumers + 1) * 32;  // + one producer warp
-constexpr int kRingBox = 16 * 128;                 // one unit's stage: 16 rows x 128 columns
-constexpr int kRingStage = kRingConsumers * kRingBox;  // 16 KB
+constexpr int kRingBox = 16 * 128;  // one unit's stage: 16 rows x 128 columns
 constexpr int kRingSmemMax = 227 * 1024;
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -86,11 +83,15 @@ struct RingArgs {
   int64_t units;  // ceil(n / 16)
 };
 
-// MT: 8-row batch tiles of x (1 or 2). PDL: programmatic dependent launch (the producer starts
-// the weight stream before the previous kernel in the stream has finished; x and y wait).
-template <int MT, bool PDL, bool EVICT_FIRST>
-__global__ void __launch_bounds__(kRingThreads, 1)
+// MT: 8-row batch tiles of x (1 or 2). C: consumer warps (one 16-row unit each; a stage is
+// C x 2 KB); the producer is warp C. EQ: how many stages ahead each lane loads its block exponent
+// (run 1 of round 3 had 1: every stage then waited ~1 us for that load). PDL: programmatic
+// dependent launch (the producer starts the weight stream before the previous kernel in the stream
+// has finished; x and y wait). EVICT_FIRST: L2 evict-first policy on the copies.
+template <int MT, int C, int EQ, bool PDL, bool EVICT_FIRST>
+__global__ void __launch_bounds__((C + 1) * 32, 1)
     GemvFp8RingKernel(const __grid_constant__ CUtensorMap map, const RingArgs a) {
+  constexpr int kRingConsumers = C, kRingStage = C * kRingBox;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes: stage buffers start 1024-aligned.
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
@@ -142,10 +143,12 @@ __global__ void __launch_bounds__(kRingThreads, 1)
       const int grp = p >> 4, pc = p & 15;  // physical piece pc = 4t + 2h + u
       const int t = pc >> 2, h = (pc >> 1) & 1, u = pc & 1;
       const int64_t col = static_cast<int64_t>(p) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < a.m && col < a.k) v = *reinterpret_cast<const uint4*>(a.x + row * a.k + col);
-      *reinterpret_cast<uint4*>(xs + row * a.row_bytes + grp * 256 + (8 * h + 2 * t + u) * 16) = v;
+      const bool ok = row < a.m && col < a.k;  // else zero-filled
+      CpAsync16(SmemAddr(xs + row * a.row_bytes + grp * 256 + (8 * h + 2 * t + u) * 16),
+                ok ? a.x + row * a.k + col : a.x, ok ? 16u : 0u);
     }
+    CpAsyncCommit();  // all of x in flight at once (a plain load-store loop waits per piece)
+    CpAsyncWait<0>();
     asm volatile("bar.sync 1, %0;" ::"n"(kRingConsumers * 32) : "memory");
   }
 
@@ -161,12 +164,19 @@ __global__ void __launch_bounds__(kRingThreads, 1)
     for (int j = 0; j < MT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
-    uint32_t e_next = active ? __ldg(ep + min(static_cast<int64_t>(t), kblocks - 1)) : 0;
-    for (int ks = 0; ks < a.kstages; ++ks, ++q) {
+    uint32_t eq[EQ];
+#pragma unroll
+    for (int d = 0; d < EQ; ++d)
+      eq[d] = active ? __ldg(ep + min(static_cast<int64_t>(4 * d + t), kblocks - 1)) : 0;
+    for (int ks0 = 0; ks0 < a.kstages; ks0 += EQ)
+#pragma unroll
+    for (int d = 0; d < EQ; ++d) {
+      const int ks = ks0 + d;
+      if (ks >= a.kstages) break;  // warp-uniform
       const int slot = static_cast<int>(q % S);
-      const uint32_t e_cur = e_next;
-      if (active && ks + 1 < a.kstages)
-        e_next = __ldg(ep + min(static_cast<int64_t>(4 * (ks + 1) + t), kblocks - 1));
+      const uint32_t e_cur = eq[d];
+      if (active && ks + EQ < a.kstages)
+        eq[d] = __ldg(ep + min(static_cast<int64_t>(4 * (ks + EQ) + t), kblocks - 1));
       MbarWait(bars + 8 * slot, static_cast<uint32_t>((q / S) & 1));
       if (active) {
         const uint32_t scale2 = ScalePair<kConvPrmt>(e_cur);
@@ -201,6 +211,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
       }
       __syncwarp();
       if (lane == 0) MbarArrive(bars + 8 * (S + slot));
+      ++q;
     }
     if (!active) continue;
     const int64_t r0 = unit * 16;
@@ -230,7 +241,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }
 
 // One launch for m <= 16 rows. max_stages caps the ring depth (bench variants).
-template <int MT, bool PDL = false, bool EVICT_FIRST = false>
+template <int MT, int C = 8, int EQ = 4, bool PDL = false, bool EVICT_FIRST = false>
 cudaError_t LaunchRing(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy, int max_stages,
                        cudaStream_t stream) {
@@ -240,6 +251,7 @@ cudaError_t LaunchRing(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   a.row_bytes = a.kstages * 256 + 16;
   a.units = (n + 15) / 16;
   const size_t fixed = 1024 + static_cast<size_t>(MT) * 8 * a.row_bytes;  // align slack + x
+  constexpr int kRingStage = C * kRingBox;
   const int fit = static_cast<int>((kRingSmemMax - fixed - 16 * max_stages) / kRingStage);
   a.stages = std::min(max_stages, fit);
   if (a.stages < 2) return cudaErrorNotSupported;
@@ -254,7 +266,7 @@ cudaError_t LaunchRing(const uint16_t* x, int m, int64_t k, const uint8_t* codes
              box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  auto kernel = GemvFp8RingKernel<MT, PDL, EVICT_FIRST>;
+  auto kernel = GemvFp8RingKernel<MT, C, EQ, PDL, EVICT_FIRST>;
   DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)));
   int dev = 0, sms = 0;
@@ -263,7 +275,7 @@ cudaError_t LaunchRing(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   const int grid = static_cast<int>(std::min<int64_t>(a.units, sms));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kRingThreads);
+  cfg.blockDim = dim3((C + 1) * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
