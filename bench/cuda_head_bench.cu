@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       int max_m;
     };
     const std::vector<Col> cols = {
-        {"d4", 4, 64},          {"w32ks2d2", 302, 16},  {"ring8 e1 (run 1)", 548, 16},
+        {"d4", 4, 64},          {"d4+pdl", 604, 64},    {"w32ks2d2", 302, 16},  {"ring8 e1 (run 1)", 548, 16},
         {"ring8", 508, 16},     {"ring8 e8", 588, 16},  {"ring4", 504, 16},
         {"ring8+pdl", 518, 16}, {"ring8+ef", 528, 16},  {"c16 ring4", 564, 16},
         {"c16 ring4+pdl", 574, 16}};

@@ -354,6 +354,7 @@ TEST_F(CudaGemv, BenchmarkVariantsAndFallbackAreCorrect) {
   for (int m : {1, 8, 16}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 8, nullptr);
   for (int m : {1, 24, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 2, nullptr);
   for (int m : {1, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 4, nullptr);
+  for (int m : {1, 9, 17, 40, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 604, nullptr);
   for (int m : {1, 5, 40, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 100, nullptr);
   for (int m : {1, 13, 64}) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 4000, -1, nullptr);
   // Round 2 variants (M <= 16): no L2 hint; K split in 2 across warps of one CTA (32 or 16 warps);

@@ -6,20 +6,27 @@
 //  - weights: every e4m3 value (2^-9 .. 448, 3 mantissa bits) is a bf16 normal, so the decode is
 //    a byte -> 16-bit table lookup: two `vpermi2b` (128-entry tables of the low and high bytes,
 //    indexed by the 7 magnitude bits), the sign or-ed into the high byte, `vpunpck{l,h}bw` to
-//    make 16-bit lanes; the block scale 2^(exp-127) is then an integer add of (exp-127) << 7 to
-//    every nonzero lane (masked: +-0 stay zero), exact while the result stays a bf16 normal, i.e.
-//    for exp in [10, 246]. Bands outside that range go to the AVX2 path (no real head comes near).
-//  - x: bf16 as given (permuted once per call, see below). A call whose x holds subnormals, Inf
-//    or NaN goes to the AVX2 path (vdpbf16ps treats subnormal inputs as zero).
-// So every product is exact except that vdpbf16ps flushes products below 2^-126 (an absolute
-// error under 2^-126 each), and the result is an fp32 sum in another order than the AVX2 path:
-// bounded, not bit-identical, to it.
+//    make 16-bit lanes. No scale on the weights.
+//  - x: the block scale 2^(exp-127) is folded into x once per band (as the AVX2 path folds it
+//    into its fp32 x): an integer add of (exp-127) << 7 to every nonzero bf16 (+-0 stay zero),
+//    exact while the result is a bf16 normal. A band where some scaled |x| would leave
+//    [2^-117, 2^120) (so a product with a nonzero code could fall below fp32's normals, which
+//    vdpbf16ps flushes, or overflow), or x holds a subnormal / Inf / NaN (vdpbf16ps reads
+//    subnormals as zero), goes to the AVX2 path; no real head and hidden state come near.
+// So every product is exact and the result is an fp32 sum of them in another order than the AVX2
+// path: bounded by the same fp32 accumulation error, not bit-identical, to it.
+// M > 8 (several x-row groups): each column chunk of a band is decoded once into an L2-resident
+// bf16 buffer that every group then reads, so the decode is not repeated per group.
 // The unpack works inside 128-bit lanes: decoded vector "lo" holds columns {0-7, 16-23, 32-39,
 // 48-55} of a 64-column group and "hi" the others (in both, 16-bit lanes 0-15 come from the
 // group's first exponent block, 16-31 from the second); x is stored permuted the same way.
 // Blocking as in head_gemv_avx2.cc: bands of 32 output rows (one exponent row), x rows in groups
 // of up to 8, columns in chunks whose x tile stays in L1, NR weight rows per tile.
 #include <immintrin.h>
+
+// GCC 12's _mm512_reduce_add_ps extracts with an undefined operand that -Wmaybe-uninitialized
+// reports at every inlined use (a header false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
 #include <array>
@@ -63,49 +70,54 @@ const Tables& DecodeTables() {
   return t;
 }
 
-// 64 codes -> 64 bf16 equal to code * 2^(exp - 127), in the lo/hi column order above; `scale`
-// holds (exp - 127) << 7 per 16-bit lane (lanes 0-15: the group's first block, 16-31: second).
-inline void Decode64(__m512i codes, const Tables& t, __m512i sign_mask, __m512i mag_mask,
-                     __m512i scale, __m512bh& lo, __m512bh& hi) {
+// 64 codes -> 64 bf16 equal to the codes' values, in the lo/hi column order above.
+inline void Decode64(__m512i codes, const Tables& t, __m512i sign_mask, __m512i& lo, __m512i& hi) {
   const __m512i l = _mm512_permutex2var_epi8(t.lo0, codes, t.lo1);  // index bit 7 is ignored
   const __m512i h = _mm512_or_si512(_mm512_permutex2var_epi8(t.hi0, codes, t.hi1),
                                     _mm512_and_si512(codes, sign_mask));
-  const __m512i a = _mm512_unpacklo_epi8(l, h), b = _mm512_unpackhi_epi8(l, h);
-  lo = (__m512bh)_mm512_mask_add_epi16(a, _mm512_test_epi16_mask(a, mag_mask), a, scale);
-  hi = (__m512bh)_mm512_mask_add_epi16(b, _mm512_test_epi16_mask(b, mag_mask), b, scale);
+  lo = _mm512_unpacklo_epi8(l, h);
+  hi = _mm512_unpackhi_epi8(l, h);
 }
 
-// One MR x NR tile over kcn columns (a multiple of 64; codes past k are zero-masked): xs
-// [MR][ldxs] bf16 (permuted), w NR rows of stride ldw with `valid` real columns, sc the chunk's
-// per-group scale vectors.
-template <int MR, int NR>
-__attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const uint8_t* w,
-                                     int64_t ldw, const __m512i* sc, int64_t kcn, int64_t valid,
-                                     float* part, bool first, bool last, float* y, int64_t ldy,
+inline __mmask64 ValidMask(int64_t left) {
+  return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+}
+
+// One MR x NR tile over kcn columns (a multiple of 64): xs [MR][ldxs] bf16 (permuted, scaled).
+// DECODED: w is a bf16 buffer of decoded rows (uint16_t, stride ldw elements, lo then hi per
+// 64 columns); else e4m3 codes (stride ldw bytes, `valid` real columns, zero-masked past them).
+template <int MR, int NR, bool DECODED>
+__attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const void* wv,
+                                     int64_t ldw, int64_t kcn, int64_t valid, float* part,
+                                     bool first, bool last, float* y, int64_t ldy,
                                      int64_t pf_dist) {
   const Tables& t = DecodeTables();
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i mag = _mm512_set1_epi16(0x7fff);
+  const uint8_t* w = static_cast<const uint8_t*>(wv);
+  const uint16_t* wd = static_cast<const uint16_t*>(wv);
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j)
       acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (j * MR + i) * 16);
   for (int64_t kk = 0; kk < kcn; kk += kGroup) {
-    const int64_t left = valid - kk;
-    const __mmask64 mask = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
-    const __m512i scale = _mm512_load_si512(sc + kk / kGroup);
-    __m512bh wl[NR], wh[NR];
+    __m512i wl[NR], wh[NR];
     for (int j = 0; j < NR; ++j) {
-      if (pf_dist != 0)
-        _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + kk + pf_dist), _MM_HINT_T0);
-      Decode64(_mm512_maskz_loadu_epi8(mask, w + j * ldw + kk), t, sign, mag, scale, wl[j], wh[j]);
+      if constexpr (DECODED) {
+        wl[j] = _mm512_load_si512(wd + j * ldw + kk);
+        wh[j] = _mm512_load_si512(wd + j * ldw + kk + 32);
+      } else {
+        if (pf_dist != 0)
+          _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + kk + pf_dist), _MM_HINT_T0);
+        Decode64(_mm512_maskz_loadu_epi8(ValidMask(valid - kk), w + j * ldw + kk), t, sign, wl[j],
+                 wh[j]);
+      }
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512bh xl = (__m512bh)_mm512_loadu_si512(xs + i * ldxs + kk);
-      const __m512bh xh = (__m512bh)_mm512_loadu_si512(xs + i * ldxs + kk + 32);
+      const __m512bh xl = (__m512bh)_mm512_load_si512(xs + i * ldxs + kk);
+      const __m512bh xh = (__m512bh)_mm512_load_si512(xs + i * ldxs + kk + 32);
       for (int j = 0; j < NR; ++j) {
-        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wl[j], xl);
-        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wh[j], xh);
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wl[j], xl);
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wh[j], xh);
       }
     }
   }
@@ -120,39 +132,42 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const uin
 
 struct Chunk {
   const uint16_t* xs;  // [mr][ldxs]
-  const __m512i* sc;   // scale vector per 64-column group of the chunk
   int64_t ldxs, kcn, valid;
   bool first, last;
   int64_t pf_dist;
 };
 
-template <int MR>
-void BandRows(const Chunk& c, const uint8_t* w, int64_t ldw, int64_t nb, float* part, float* y,
+template <int MR, bool DECODED>
+void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* part, float* y,
               int64_t ldy) {
   constexpr int NR = NrFor(MR);
+  constexpr int64_t kElem = DECODED ? 2 : 1;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
   int64_t j = 0;
   for (; j + NR <= nb; j += NR)
-    Micro<MR, NR>(c.xs, c.ldxs, w + j * ldw, ldw, c.sc, c.kcn, c.valid, part + j * MR * 16, c.first,
-                  c.last, y + j, ldy, c.pf_dist);
+    Micro<MR, NR, DECODED>(c.xs, c.ldxs, wb + j * ldw * kElem, ldw, c.kcn, c.valid,
+                           part + j * MR * 16, c.first, c.last, y + j, ldy, c.pf_dist);
   for (; j < nb; ++j)
-    Micro<MR, 1>(c.xs, c.ldxs, w + j * ldw, ldw, c.sc, c.kcn, c.valid, part + j * MR * 16, c.first,
-                 c.last, y + j, ldy, c.pf_dist);
+    Micro<MR, 1, DECODED>(c.xs, c.ldxs, wb + j * ldw * kElem, ldw, c.kcn, c.valid,
+                          part + j * MR * 16, c.first, c.last, y + j, ldy, c.pf_dist);
 }
 
-void BandRowsDispatch(int mr, const Chunk& c, const uint8_t* w, int64_t ldw, int64_t nb,
+template <bool DECODED>
+void BandRowsDispatch(int mr, const Chunk& c, const void* w, int64_t ldw, int64_t nb,
                       float* part, float* y, int64_t ldy) {
   switch (mr) {
 #define DH_CASE(R) \
   case R:          \
-    return BandRows<R>(c, w, ldw, nb, part, y, ldy);
+    return BandRows<R, DECODED>(c, w, ldw, nb, part, y, ldy);
     DH_CASE(1) DH_CASE(2) DH_CASE(3) DH_CASE(4) DH_CASE(5) DH_CASE(6) DH_CASE(7) DH_CASE(8)
 #undef DH_CASE
   }
 }
 
-// xs[i] = x[i] for every column of [0, k), permuted per 64-column group (zero past k). Returns
-// false when x holds a subnormal, Inf or NaN.
-bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs) {
+// xs[i] = x[i] * 2^(e[block] - 127) for every column of [0, k) (zero past k), permuted per
+// 64-column group. False when x holds a subnormal, Inf or NaN, or some nonzero scaled value
+// leaves [2^-117, 2^120) (see the top), or an exponent byte is below 1.
+bool PrepX(const uint16_t* x, int64_t k, int m, const uint8_t* e, int64_t ldxs, uint16_t* xs) {
   // Word indices of the lo / hi vectors in the two 32-word halves of a group (bit 5 picks b).
   alignas(64) static const uint16_t kLoIdx[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18,
                                                   19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37,
@@ -161,7 +176,9 @@ bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs) {
                                                   27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45,
                                                   46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
   const __m512i lo_idx = _mm512_load_si512(kLoIdx), hi_idx = _mm512_load_si512(kHiIdx);
-  const __m512i exp_mask = _mm512_set1_epi16(0x7f80);
+  const __m512i mag = _mm512_set1_epi16(0x7fff), ex_mask = _mm512_set1_epi16(0xff);
+  const __m512i lo_ok = _mm512_set1_epi16(10), hi_ok = _mm512_set1_epi16(246);
+  if (*std::min_element(e, e + k / 32) < 1) return false;
   __mmask32 bad = 0;
   for (int i = 0; i < m; ++i) {
     const uint16_t* xr = x + static_cast<int64_t>(i) * k;
@@ -169,31 +186,51 @@ bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs) {
     for (int64_t g = 0; g < k; g += kGroup) {
       __m512i half[2];
       for (int h = 0; h < 2; ++h) {
-        const int64_t c0 = g + 32 * h;
-        half[h] = c0 < k ? _mm512_loadu_si512(xr + c0) : _mm512_setzero_si512();
-        // Exponent field 0 with a nonzero mantissa (subnormal), or all ones (Inf / NaN).
-        const __m512i ex = _mm512_and_si512(half[h], exp_mask);
-        bad |= _mm512_cmpeq_epi16_mask(ex, exp_mask) |
-               _mm512_mask_test_epi16_mask(_mm512_cmpeq_epi16_mask(ex, _mm512_setzero_si512()),
-                                           half[h], _mm512_set1_epi16(0x007f));
+        const int64_t c0 = g + 32 * h;  // one exponent block
+        if (c0 >= k) {
+          half[h] = _mm512_setzero_si512();
+          continue;
+        }
+        const __m512i v = _mm512_loadu_si512(xr + c0);
+        const __mmask32 nz = _mm512_test_epi16_mask(v, mag);
+        const __m512i s = _mm512_set1_epi16(static_cast<int16_t>(static_cast<int>(e[c0 / 32]) - 127));
+        // Biased exponent after scaling; x's own exponent 0 (subnormal) or 255 (Inf / NaN) is
+        // caught by the same range test since |s| <= 126.
+        const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(v, 7), ex_mask);
+        const __m512i ex2 = _mm512_add_epi16(ex, s);
+        bad |= _mm512_mask_cmplt_epi16_mask(nz, ex2, lo_ok) | _mm512_mask_cmpgt_epi16_mask(nz, ex2, hi_ok) |
+               _mm512_mask_cmpeq_epi16_mask(nz, ex, _mm512_setzero_si512()) |
+               _mm512_mask_cmpeq_epi16_mask(nz, ex, ex_mask);
+        half[h] = _mm512_mask_add_epi16(v, nz, v, _mm512_slli_epi16(s, 7));
       }
-      _mm512_storeu_si512(d + g, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
-      _mm512_storeu_si512(d + g + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
+      _mm512_store_si512(d + g, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
+      _mm512_store_si512(d + g + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
     }
   }
   return bad == 0;
 }
 
-// The band's scale vectors: per 64-column group, (exp - 127) << 7 in 16-bit lanes 0-15 (first
-// block) and 16-31 (second). False when an exponent is outside [10, 246] (see the top).
-bool BandScales(const uint8_t* e, int64_t kb, __m512i* sc) {
-  for (int64_t b = 0; b < kb; b += 2) {
-    const int e0 = e[b], e1 = b + 1 < kb ? e[b + 1] : 127;
-    if (e0 < 10 || e0 > 246 || e1 < 10 || e1 > 246) return false;
-    sc[b / 2] = _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(static_cast<int16_t>((e0 - 127) * 128)),
-                                        _mm512_set1_epi16(static_cast<int16_t>((e1 - 127) * 128)));
+// Rows [0, nb) of a band, columns [kc0, kc0 + kcn) (a multiple of 64), decoded into wd [nb][kcn].
+void DecodeChunk(const uint8_t* w, int64_t k, int64_t nb, int64_t kc0, int64_t kcn, uint16_t* wd) {
+  const Tables& t = DecodeTables();
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t r = 0; r < nb; ++r) {
+    const uint8_t* row = w + r * k + kc0;
+    for (int64_t kk = 0; kk < kcn; kk += kGroup) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + k + kk), _MM_HINT_T0);  // the next row
+      __m512i lo, hi;
+      Decode64(_mm512_maskz_loadu_epi8(ValidMask(k - kc0 - kk), row + kk), t, sign, lo, hi);
+      _mm512_store_si512(wd + r * kcn + kk, lo);
+      _mm512_store_si512(wd + r * kcn + kk + 32, hi);
+    }
   }
-  return true;
+}
+
+template <class T>
+T* Align64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
+                              ~static_cast<uintptr_t>(63));
 }
 
 }  // namespace
@@ -208,36 +245,41 @@ void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
   int64_t kc = kpad;
   if (static_cast<int64_t>(mr_max) * kpad * 2 > 24 * 1024)
     kc = std::clamp<int64_t>((16 * 1024 / (2 * mr_max)) / kGroup * kGroup, 256, kpad);
-  thread_local std::vector<uint16_t> xs_buf;
-  thread_local std::vector<__m512i> scales;
-  thread_local std::vector<float> part;
-  xs_buf.resize(static_cast<size_t>(m) * kpad + 32);
-  uint16_t* const xs = reinterpret_cast<uint16_t*>(
-      (reinterpret_cast<uintptr_t>(xs_buf.data()) + 63) & ~static_cast<uintptr_t>(63));
-  if (!PrepX(x, k, m, kpad, xs)) return Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, b0, b1);
-  scales.resize(kpad / kGroup);
-  part.resize(static_cast<size_t>(mr_max) * kBand * 16);
+  thread_local std::vector<uint16_t> xs_buf, wd_buf;
+  thread_local std::vector<float> part_buf;
+  uint16_t* const xs = Align64(xs_buf, static_cast<size_t>(m) * kpad);
+  uint16_t* const wd = groups > 1 ? Align64(wd_buf, static_cast<size_t>(kBand) * kc) : nullptr;
+  const size_t part_per_group = static_cast<size_t>(mr_max) * kBand * 16;
+  float* const part = Align64(part_buf, part_per_group * groups);
   const int64_t kb = k / 32;
   for (int64_t band = b0; band < b1; ++band) {
     const int64_t r0 = band * kBand;
     const int64_t nb = std::min(kBand, n - r0);
-    if (!BandScales(exps + band * kb, kb, scales.data())) {
+    if (!PrepX(x, k, m, exps + band * kb, kpad, xs)) {
       Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, band, band + 1);
       continue;
     }
     const uint8_t* wb = codes + r0 * k;
-    int m0 = 0;
-    for (int g = 0; g < groups; ++g) {
-      const int mr = m / groups + (g < m % groups ? 1 : 0);
-      for (int64_t kc0 = 0; kc0 < kpad; kc0 += kc) {
-        const int64_t kcn = std::min(kc, kpad - kc0);
-        Chunk c{xs + static_cast<int64_t>(m0) * kpad + kc0, scales.data() + kc0 / kGroup, kpad,
-                kcn, std::min(kcn, k - kc0), kc0 == 0, kc0 + kcn == kpad, 0};
-        // Only the first group pulls the band from memory (see head_gemv_avx2.cc).
-        if (g == 0) c.pf_dist = kc < kpad ? kc : NrFor(mr) * k;
-        BandRowsDispatch(mr, c, wb + kc0, k, nb, part.data(), y + m0 * ldy + r0, ldy);
+    for (int64_t kc0 = 0; kc0 < kpad; kc0 += kc) {
+      const int64_t kcn = std::min(kc, kpad - kc0);
+      if (groups > 1) DecodeChunk(wb, k, nb, kc0, kcn, wd);
+      int m0 = 0;
+      for (int g = 0; g < groups; ++g) {
+        const int mr = m / groups + (g < m % groups ? 1 : 0);
+        Chunk c{xs + static_cast<int64_t>(m0) * kpad + kc0, kpad, kcn, std::min(kcn, k - kc0),
+                kc0 == 0, kc0 + kcn == kpad, NrFor(mr) * k};
+        float* yg = y + m0 * ldy + r0;
+        float* pg = part + g * part_per_group;
+        if (groups > 1) {
+          BandRowsDispatch<true>(mr, c, wd, kcn, nb, pg, yg, ldy);
+        } else {
+          // One group streams the band from memory: prefetch the rows one tile further on at the
+          // same columns (the row's next chunk, as the AVX2 path prefetches, would leave every
+          // row's first chunk to demand misses).
+          BandRowsDispatch<false>(mr, c, wb + kc0, k, nb, pg, yg, ldy);
+        }
+        m0 += mr;
       }
-      m0 += mr;
     }
   }
 }

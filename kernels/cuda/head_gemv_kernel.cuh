@@ -155,8 +155,11 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 // added through shared memory (fixed order: deterministic). HINT: the L2::256B load hint.
 // PFD > 0 (round 2 variant): lanes t == 0 also issue bulk L2 prefetches of their two rows, 512
 // bytes (8 steps) at a time, PFD steps ahead of the loads, so DRAM sees 512-byte row bursts.
+// PDL (issue 12): launched with programmatic stream serialization, the kernel lets the next
+// kernel in the stream launch early and waits for the previous one (griddepcontrol.wait) only
+// before it reads x; the first D weight loads are issued before that wait.
 template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
-          int PFD = 0>
+          int PFD = 0, bool PDL = false>
 __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
   static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
   constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
@@ -170,7 +173,11 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 
   // Whole-x mode: x is issued first but waited for only after the first weight loads are in
   // flight (they do not depend on it).
-  if (single) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!single) asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  if (single && !PDL) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
   bool x_ready = !single;
 
   const int unit = warp % kUnits, kpart = warp / kUnits;
@@ -215,6 +222,10 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 #pragma unroll
     for (int d = 0; d < D; ++d) load(s_begin + d, d);
     if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
+      if constexpr (PDL) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+      }
       CpAsyncWait<0>();
       __syncthreads();
       x_ready = true;
@@ -339,12 +350,13 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 
 // ---- dispatch -------------------------------------------------------------------------------
 template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2), int W = WarpsFor(RT),
-          int KS = 1, bool HINT = true, int PFD = 0>
+          int KS = 1, bool HINT = true, int PFD = 0, bool PDL = false>
 cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                        cudaStream_t stream) {
   // Cheap runtime calls; done per launch so a process may use several devices.
-  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD>,
+  auto kernel = GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD, PDL>;
+  DH_CUDA_TRY(cudaFuncSetAttribute(kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
   int dev = 0, sms = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
@@ -375,7 +387,21 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
   const int64_t ctas = (nblk + kUnits - 1) / kUnits;
   const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
-  GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD><<<grid, W * 32, smem, stream>>>(a);
+  if constexpr (PDL) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    DH_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+  } else {
+    kernel<<<grid, W * 32, smem, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -384,21 +410,21 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
 constexpr int kDefaultDepth = 4;
 
 // One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D.
-template <int D, int CONV = kConvPrmt>
+template <int D, int CONV = kConvPrmt, bool PDL = false>
 cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                              const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                              cudaStream_t stream) {
   switch ((m + 7) / 8) {
     // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
     // K-split variants 302/314 within 0-3.5%: none replaces these.)
-    case 1: return LaunchFast<1, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 3: return LaunchFast<3, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 4: return LaunchFast<4, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 5: return LaunchFast<5, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 6: return LaunchFast<6, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 7: return LaunchFast<7, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 8: return LaunchFast<8, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, D, CONV, (1 <= 2 ? 1 : 2), WarpsFor(1 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, CONV, (2 <= 2 ? 1 : 2), WarpsFor(2 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, D, CONV, (3 <= 2 ? 1 : 2), WarpsFor(3 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, D, CONV, (4 <= 2 ? 1 : 2), WarpsFor(4 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, D, CONV, (5 <= 2 ? 1 : 2), WarpsFor(5 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, D, CONV, (6 <= 2 ? 1 : 2), WarpsFor(6 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, D, CONV, (7 <= 2 ? 1 : 2), WarpsFor(7 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, D, CONV, (8 <= 2 ? 1 : 2), WarpsFor(8 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -41,6 +41,8 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 0:
       case 4: return DispatchByBucket<kDefaultDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 2: return DispatchByBucket<2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 604:
+        return DispatchByBucket<kDefaultDepth, kConvPrmt, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 8:
         if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
         return DispatchByBucket<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);

@@ -20,7 +20,8 @@ namespace drafthead::cuda {
 // of 16 KB = 504 / 506 / 508; 518 = 508 launched with programmatic dependent launch; 528 = 508
 // with an L2 evict-first policy on the copies; 538 = both; 548 / 588 = 508 with exponents 1 / 8
 // stages ahead (548 is round 3's run-1 kernel); 564 = 16 consumer warps, 4 stages of 32 KB; 574 =
-// 564 with PDL. Unknown variants: cudaErrorInvalidValue.
+// 564 with PDL; 604 = the default kernel (every M) launched with programmatic dependent launch.
+// Unknown variants: cudaErrorInvalidValue.
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
                                cudaStream_t stream);
