@@ -9,10 +9,12 @@
 //    make 16-bit lanes. No scale on the weights.
 //  - x: the block scale 2^(exp-127) is folded into x once per band (as the AVX2 path folds it
 //    into its fp32 x): an integer add of (exp-127) << 7 to every nonzero bf16 (+-0 stay zero),
-//    exact while the result is a bf16 normal. A band where some scaled |x| would leave
-//    [2^-117, 2^120) (so a product with a nonzero code could fall below fp32's normals, which
-//    vdpbf16ps flushes, or overflow), or x holds a subnormal / Inf / NaN (vdpbf16ps reads
-//    subnormals as zero), goes to the AVX2 path; no real head and hidden state come near.
+//    exact while the result is a bf16 normal (with several x-row groups the scale goes on the
+//    decoded weights instead, the same add). A band with an exponent byte outside [10, 246] or
+//    where some scaled |x| would leave [2^-117, 2^119) (so a product with a nonzero code could
+//    fall below fp32's normals, which vdpbf16ps flushes, or overflow), or a call whose x holds a
+//    subnormal / Inf / NaN (vdpbf16ps reads subnormals as zero), goes to the AVX2 path; no real
+//    head and hidden state come near.
 // So every product is exact and the result is an fp32 sum of them in another order than the AVX2
 // path: bounded by the same fp32 accumulation error, not bit-identical, to it.
 // M > 8 (several x-row groups): each column chunk of a band is decoded once into an L2-resident
@@ -164,10 +166,14 @@ void BandRowsDispatch(int mr, const Chunk& c, const void* w, int64_t ldw, int64_
   }
 }
 
-// xs[i] = x[i] * 2^(e[block] - 127) for every column of [0, k) (zero past k), permuted per
-// 64-column group. False when x holds a subnormal, Inf or NaN, or some nonzero scaled value
-// leaves [2^-117, 2^120) (see the top), or an exponent byte is below 1.
-bool PrepX(const uint16_t* x, int64_t k, int m, const uint8_t* e, int64_t ldxs, uint16_t* xs) {
+// The scale of exponent byte e as a bf16 exponent-field add: (e - 127) << 7.
+inline int16_t ScaleAdd(uint8_t e) { return static_cast<int16_t>((static_cast<int>(e) - 127) * 128); }
+
+// x prepared once per call: xs[i] = x[i] permuted per 64-column group (zero past k), and per
+// 32-column block the smallest and largest biased exponent of its nonzero values over all rows
+// (bands then check their scale against these). False when x holds a subnormal, Inf or NaN.
+bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs, int16_t* ex_lo,
+           int16_t* ex_hi) {
   // Word indices of the lo / hi vectors in the two 32-word halves of a group (bit 5 picks b).
   alignas(64) static const uint16_t kLoIdx[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18,
                                                   19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37,
@@ -177,8 +183,9 @@ bool PrepX(const uint16_t* x, int64_t k, int m, const uint8_t* e, int64_t ldxs, 
                                                   46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
   const __m512i lo_idx = _mm512_load_si512(kLoIdx), hi_idx = _mm512_load_si512(kHiIdx);
   const __m512i mag = _mm512_set1_epi16(0x7fff), ex_mask = _mm512_set1_epi16(0xff);
-  const __m512i lo_ok = _mm512_set1_epi16(10), hi_ok = _mm512_set1_epi16(246);
-  if (*std::min_element(e, e + k / 32) < 1) return false;
+  const int64_t kb = k / 32;
+  std::fill(ex_lo, ex_lo + kb, int16_t{255});
+  std::fill(ex_hi, ex_hi + kb, int16_t{0});
   __mmask32 bad = 0;
   for (int i = 0; i < m; ++i) {
     const uint16_t* xr = x + static_cast<int64_t>(i) * k;
@@ -191,17 +198,23 @@ bool PrepX(const uint16_t* x, int64_t k, int m, const uint8_t* e, int64_t ldxs, 
           half[h] = _mm512_setzero_si512();
           continue;
         }
-        const __m512i v = _mm512_loadu_si512(xr + c0);
-        const __mmask32 nz = _mm512_test_epi16_mask(v, mag);
-        const __m512i s = _mm512_set1_epi16(static_cast<int16_t>(static_cast<int>(e[c0 / 32]) - 127));
-        // Biased exponent after scaling; x's own exponent 0 (subnormal) or 255 (Inf / NaN) is
-        // caught by the same range test since |s| <= 126.
-        const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(v, 7), ex_mask);
-        const __m512i ex2 = _mm512_add_epi16(ex, s);
-        bad |= _mm512_mask_cmplt_epi16_mask(nz, ex2, lo_ok) | _mm512_mask_cmpgt_epi16_mask(nz, ex2, hi_ok) |
-               _mm512_mask_cmpeq_epi16_mask(nz, ex, _mm512_setzero_si512()) |
+        half[h] = _mm512_loadu_si512(xr + c0);
+        const __mmask32 nz = _mm512_test_epi16_mask(half[h], mag);
+        const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(half[h], 7), ex_mask);
+        bad |= _mm512_mask_cmpeq_epi16_mask(nz, ex, _mm512_setzero_si512()) |
                _mm512_mask_cmpeq_epi16_mask(nz, ex, ex_mask);
-        half[h] = _mm512_mask_add_epi16(v, nz, v, _mm512_slli_epi16(s, 7));
+        if (nz != 0) {
+          const int16_t lo = static_cast<int16_t>(
+              _mm512_mask_reduce_min_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
+          const int16_t lo2 = static_cast<int16_t>(_mm512_mask_reduce_min_epi32(
+              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
+          const int16_t hi = static_cast<int16_t>(
+              _mm512_mask_reduce_max_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
+          const int16_t hi2 = static_cast<int16_t>(_mm512_mask_reduce_max_epi32(
+              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
+          ex_lo[c0 / 32] = std::min({ex_lo[c0 / 32], lo, lo2});
+          ex_hi[c0 / 32] = std::max({ex_hi[c0 / 32], hi, hi2});
+        }
       }
       _mm512_store_si512(d + g, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
       _mm512_store_si512(d + g + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
@@ -210,18 +223,58 @@ bool PrepX(const uint16_t* x, int64_t k, int m, const uint8_t* e, int64_t ldxs, 
   return bad == 0;
 }
 
-// Rows [0, nb) of a band, columns [kc0, kc0 + kcn) (a multiple of 64), decoded into wd [nb][kcn].
-void DecodeChunk(const uint8_t* w, int64_t k, int64_t nb, int64_t kc0, int64_t kcn, uint16_t* wd) {
+// Whether the band's scales keep every product exact (see the top): exponent bytes in [10, 246]
+// (code * 2^s a bf16 normal) and each nonzero x * 2^s in [2^-117, 2^119) (a bf16 normal whose
+// products with codes in [2^-9, 448] are fp32 normals), i.e. biased exponents in [10, 245].
+bool BandFits(const uint8_t* e, int64_t kb, const int16_t* ex_lo, const int16_t* ex_hi) {
+  for (int64_t b = 0; b < kb; ++b) {
+    if (e[b] < 10 || e[b] > 246) return false;
+    if (ex_lo[b] > ex_hi[b]) continue;  // x is zero in this block for every row
+    const int s = static_cast<int>(e[b]) - 127;
+    if (ex_lo[b] + s < 10 || ex_hi[b] + s > 245) return false;
+  }
+  return true;
+}
+
+// dst[i] = xs[i] * 2^(e[block] - 127) (exact under BandFits), same layout, for m rows.
+void ScaleX(const uint16_t* xs, int m, int64_t kpad, const uint8_t* e, int64_t kb, uint16_t* dst) {
+  const __m512i mag = _mm512_set1_epi16(0x7fff);
+  for (int64_t g = 0; g < kpad; g += kGroup) {
+    const int64_t b = g / 32;
+    // Lanes 0-15 of lo and hi come from block b, 16-31 from block b + 1.
+    const __m512i s = _mm512_mask_blend_epi16(
+        0xffff0000u, _mm512_set1_epi16(ScaleAdd(e[b])),
+        _mm512_set1_epi16(b + 1 < kb ? ScaleAdd(e[b + 1]) : int16_t{0}));
+    for (int i = 0; i < m; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_load_si512(xs + i * kpad + g + 32 * h);
+        _mm512_store_si512(dst + i * kpad + g + 32 * h,
+                           _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, mag), v, s));
+      }
+    }
+  }
+}
+
+// Rows [0, nb) of a band, columns [kc0, kc0 + kcn) (a multiple of 64), decoded into wd [nb][kcn]
+// and scaled by the band's exponents e (exact under BandFits: code * 2^s stays a bf16 normal).
+void DecodeChunk(const uint8_t* w, int64_t k, int64_t nb, int64_t kc0, int64_t kcn,
+                 const uint8_t* e, uint16_t* wd) {
   const Tables& t = DecodeTables();
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i mag = _mm512_set1_epi16(0x7fff);
+  const int64_t kb = k / 32;
   for (int64_t r = 0; r < nb; ++r) {
     const uint8_t* row = w + r * k + kc0;
     for (int64_t kk = 0; kk < kcn; kk += kGroup) {
       _mm_prefetch(reinterpret_cast<const char*>(row + k + kk), _MM_HINT_T0);  // the next row
+      const int64_t b = (kc0 + kk) / 32;
+      const __m512i s = _mm512_mask_blend_epi16(
+          0xffff0000u, _mm512_set1_epi16(ScaleAdd(e[b])),
+          _mm512_set1_epi16(b + 1 < kb ? ScaleAdd(e[b + 1]) : int16_t{0}));
       __m512i lo, hi;
       Decode64(_mm512_maskz_loadu_epi8(ValidMask(k - kc0 - kk), row + kk), t, sign, lo, hi);
-      _mm512_store_si512(wd + r * kcn + kk, lo);
-      _mm512_store_si512(wd + r * kcn + kk + 32, hi);
+      _mm512_store_si512(wd + r * kcn + kk, _mm512_mask_add_epi16(lo, _mm512_test_epi16_mask(lo, mag), lo, s));
+      _mm512_store_si512(wd + r * kcn + kk + 32, _mm512_mask_add_epi16(hi, _mm512_test_epi16_mask(hi, mag), hi, s));
     }
   }
 }
@@ -241,32 +294,42 @@ void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
   const int groups = (m + kMaxMr - 1) / kMaxMr;
   const int mr_max = (m + groups - 1) / groups;
   const int64_t kpad = (k + kGroup - 1) / kGroup * kGroup;
+  const int64_t kb = k / 32;
   // Column chunk: whole rows while a group's x (bf16) fits L1 comfortably, else L1-sized tiles.
   int64_t kc = kpad;
   if (static_cast<int64_t>(mr_max) * kpad * 2 > 24 * 1024)
     kc = std::clamp<int64_t>((16 * 1024 / (2 * mr_max)) / kGroup * kGroup, 256, kpad);
-  thread_local std::vector<uint16_t> xs_buf, wd_buf;
+  thread_local std::vector<uint16_t> xs_buf, xscaled_buf, wd_buf;
+  thread_local std::vector<int16_t> ex_lo, ex_hi;
   thread_local std::vector<float> part_buf;
   uint16_t* const xs = Align64(xs_buf, static_cast<size_t>(m) * kpad);
+  ex_lo.resize(kb);
+  ex_hi.resize(kb);
+  if (!PrepX(x, k, m, kpad, xs, ex_lo.data(), ex_hi.data()))
+    return Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, b0, b1);
+  // One group (m <= 8): the band's scale goes on its x (m rows); several groups: on the
+  // weights, decoded once per band chunk, so x stays as prepared.
+  uint16_t* const xsc = groups == 1 ? Align64(xscaled_buf, static_cast<size_t>(m) * kpad) : xs;
   uint16_t* const wd = groups > 1 ? Align64(wd_buf, static_cast<size_t>(kBand) * kc) : nullptr;
   const size_t part_per_group = static_cast<size_t>(mr_max) * kBand * 16;
   float* const part = Align64(part_buf, part_per_group * groups);
-  const int64_t kb = k / 32;
   for (int64_t band = b0; band < b1; ++band) {
     const int64_t r0 = band * kBand;
     const int64_t nb = std::min(kBand, n - r0);
-    if (!PrepX(x, k, m, exps + band * kb, kpad, xs)) {
+    const uint8_t* e = exps + band * kb;
+    if (!BandFits(e, kb, ex_lo.data(), ex_hi.data())) {
       Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, band, band + 1);
       continue;
     }
+    if (groups == 1) ScaleX(xs, m, kpad, e, kb, xsc);
     const uint8_t* wb = codes + r0 * k;
     for (int64_t kc0 = 0; kc0 < kpad; kc0 += kc) {
       const int64_t kcn = std::min(kc, kpad - kc0);
-      if (groups > 1) DecodeChunk(wb, k, nb, kc0, kcn, wd);
+      if (groups > 1) DecodeChunk(wb, k, nb, kc0, kcn, e, wd);
       int m0 = 0;
       for (int g = 0; g < groups; ++g) {
         const int mr = m / groups + (g < m % groups ? 1 : 0);
-        Chunk c{xs + static_cast<int64_t>(m0) * kpad + kc0, kpad, kcn, std::min(kcn, k - kc0),
+        Chunk c{xsc + static_cast<int64_t>(m0) * kpad + kc0, kpad, kcn, std::min(kcn, k - kc0),
                 kc0 == 0, kc0 + kcn == kpad, NrFor(mr) * k};
         float* yg = y + m0 * ldy + r0;
         float* pg = part + g * part_per_group;

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/head_gemv.h"
 #include "server/group/wire_format.h"
 #include "server/comm/collective.h"
 #include "server/group/shard_geometry.h"
@@ -21,6 +22,7 @@ struct BackendOptions {
   int threads = 0;       // CPU: worker threads (0: all hardware threads)
   int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
   bool keep_bf16 = false;
+  cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
 };
 
 struct LoadReport {
