@@ -96,6 +96,26 @@ __device__ __forceinline__ void DequantWord(uint32_t w, uint32_t scale2, uint32_
   }
 }
 
+// The 16 codes of one lane's 16-byte load (one row) -> the 8 A-fragment registers: af[2j] =
+// codes 4j, 4j+1; af[2j+1] = codes 4j+2, 4j+3.
+template <int CONV>
+__device__ __forceinline__ void DequantRow16(const uint4& w, uint32_t scale2, uint32_t (&af)[8]) {
+  DequantWord<CONV>(w.x, scale2, af[0], af[1]);
+  DequantWord<CONV>(w.y, scale2, af[2], af[3]);
+  DequantWord<CONV>(w.z, scale2, af[4], af[5]);
+  DequantWord<CONV>(w.w, scale2, af[6], af[7]);
+}
+
+// A lane's B fragments (x^T, 16 columns of one batch row) from its 32 contiguous bytes at p.
+struct XFrag {
+  uint32_t b[8];
+};
+__device__ __forceinline__ XFrag LoadXFrag(const uint8_t* p) {
+  const uint4 b01 = *reinterpret_cast<const uint4*>(p);
+  const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
+  return {{b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w}};
+}
+
 // bf16x2 of 2^(e + bias) for the biased block exponent byte (e = byte - 127).
 template <int CONV>
 __device__ __forceinline__ uint32_t ScalePair(uint32_t exp_byte) {
@@ -280,21 +300,14 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
           // A fragments: af[i][2j] = codes 4j,4j+1 of row i; af[i][2j+1] = codes 4j+2,4j+3.
           uint32_t af[2 * RT][8];
 #pragma unroll
-          for (int i = 0; i < 2 * RT; ++i) {
-            DequantWord<CONV>(wq[d][i].x, scale2, af[i][0], af[i][1]);
-            DequantWord<CONV>(wq[d][i].y, scale2, af[i][2], af[i][3]);
-            DequantWord<CONV>(wq[d][i].z, scale2, af[i][4], af[i][5]);
-            DequantWord<CONV>(wq[d][i].w, scale2, af[i][6], af[i][7]);
-          }
+          for (int i = 0; i < 2 * RT; ++i) DequantRow16<CONV>(wq[d][i], scale2, af[i]);
           // The slot is free once converted: refill it D steps ahead before the mma work.
           load(s + D, d);
           const uint8_t* xrow = xs + (s - chunk_step0) * 128 + 32 * t;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            const uint8_t* p = xrow + (mt * 8 + g) * a.row_bytes;
-            const uint4 b01 = *reinterpret_cast<const uint4*>(p);
-            const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
-            const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+            const XFrag xf = LoadXFrag(xrow + (mt * 8 + g) * a.row_bytes);
+            const uint32_t* b = xf.b;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
 #pragma unroll

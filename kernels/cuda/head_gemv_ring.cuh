@@ -187,21 +187,13 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
           const uint4 w0 = *reinterpret_cast<const uint4*>(wbuf + g * 128 + chunk);
           const uint4 w1 = *reinterpret_cast<const uint4*>(wbuf + (g + 8) * 128 + chunk);
           uint32_t af[2][8];
-          DequantWord<kConvPrmt>(w0.x, scale2, af[0][0], af[0][1]);
-          DequantWord<kConvPrmt>(w0.y, scale2, af[0][2], af[0][3]);
-          DequantWord<kConvPrmt>(w0.z, scale2, af[0][4], af[0][5]);
-          DequantWord<kConvPrmt>(w0.w, scale2, af[0][6], af[0][7]);
-          DequantWord<kConvPrmt>(w1.x, scale2, af[1][0], af[1][1]);
-          DequantWord<kConvPrmt>(w1.y, scale2, af[1][2], af[1][3]);
-          DequantWord<kConvPrmt>(w1.z, scale2, af[1][4], af[1][5]);
-          DequantWord<kConvPrmt>(w1.w, scale2, af[1][6], af[1][7]);
+          DequantRow16<kConvPrmt>(w0, scale2, af[0]);
+          DequantRow16<kConvPrmt>(w1, scale2, af[1]);
           const uint8_t* xrow = xs + ks * 256 + h * 128 + 32 * t;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            const uint8_t* p = xrow + (mt * 8 + g) * a.row_bytes;
-            const uint4 b01 = *reinterpret_cast<const uint4*>(p);
-            const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
-            const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+            const XFrag xf = LoadXFrag(xrow + (mt * 8 + g) * a.row_bytes);
+            const uint32_t* b = xf.b;
 #pragma unroll
             for (int j = 0; j < 4; ++j)
               Mma(acc[mt], af[0][2 * j], af[1][2 * j], af[0][2 * j + 1], af[1][2 * j + 1],
