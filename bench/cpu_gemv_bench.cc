@@ -7,8 +7,11 @@
 // a large buffer on all threads), and GFLOP/s (2 M N K / t) to show where compute takes over.
 //
 // Flags: --threads=T (0: all hardware threads) --reps=R --m=1,5,16,64 --n=N --k=K
-//        --stream-mib=MIB --isa=auto|scalar|avx2 --cold (stream the big buffer before each
-//        rep so the shard starts outside the caches) --no-bf16
+//        --stream-mib=MIB --isa=auto|scalar|avx2|avx512bf16 --vs=ISA (the fp8 GEMV with a second
+//        implementation in the same run, with the speedup) --cold (stream the big buffer before
+//        each rep so the shard starts outside the caches) --no-bf16 --cpu-time (the GEMV columns
+//        in process CPU time instead of wall time: for a machine shared with other jobs, where
+//        wall time counts the waits for a core; best with --threads=1)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,6 +43,9 @@ struct Options {
   int64_t k = 5120;
   int64_t stream_mib = 1024;
   GemvIsa isa = GemvIsa::kAuto;
+  bool cpu_time = false;
+  bool vs_set = false;
+  GemvIsa vs = GemvIsa::kAvx2;
   bool cold = false;
   bool bf16 = true;
 };
@@ -47,7 +53,8 @@ struct Options {
 [[noreturn]] void Usage(const char* bad) {
   std::fprintf(stderr,
                "bad flag %s\nusage: drafthead-bench-cpu [--threads=T] [--reps=R] [--m=1,5,16,64] "
-               "[--n=N] [--k=K] [--stream-mib=MIB] [--isa=auto|scalar|avx2] [--cold] [--no-bf16]\n",
+               "[--n=N] [--k=K] [--stream-mib=MIB] [--isa=auto|scalar|avx2|avx512bf16] [--vs=ISA] [--cold] "
+               "[--no-bf16] [--cpu-time]\n",
                bad);
   std::exit(2);
 }
@@ -78,9 +85,12 @@ Options Parse(int argc, char** argv) {
     } else if (const char* v = val("--stream-mib=")) {
       o.stream_mib = std::max<int64_t>(64, std::atoll(v)) / 4 * 4;  // whole 4 MiB pieces
     } else if (const char* v = val("--isa=")) {
-      const std::string s = v;
-      o.isa = s == "scalar" ? GemvIsa::kScalar : s == "avx2" ? GemvIsa::kAvx2 : GemvIsa::kAuto;
-      if (s != "scalar" && s != "avx2" && s != "auto") Usage(argv[i]);
+      if (!drafthead::cpu::ParseGemvIsa(v, &o.isa)) Usage(argv[i]);
+    } else if (const char* v = val("--vs=")) {
+      if (!drafthead::cpu::ParseGemvIsa(v, &o.vs)) Usage(argv[i]);
+      o.vs_set = true;
+    } else if (a == "--cpu-time") {
+      o.cpu_time = true;
     } else if (a == "--cold") {
       o.cold = true;
     } else if (a == "--no-bf16") {
@@ -91,6 +101,8 @@ Options Parse(int argc, char** argv) {
   }
   for (int m : o.ms)
     if (m < 1) Usage("--m");
+  for (GemvIsa i : {o.isa, o.vs})
+    if (!drafthead::cpu::GemvIsaAvailable(i)) Usage("--isa/--vs (not available on this CPU)");
   if (o.n < 1 || o.k < 32 || o.k % 32 != 0) Usage("--n/--k");
   return o;
 }
@@ -142,6 +154,13 @@ uint8_t* AllocAligned(int64_t bytes) {
   return static_cast<uint8_t*>(std::aligned_alloc(4096, rounded));
 }
 
+// CPU time of the whole process (all threads), microseconds.
+double ProcessCpuUs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
 template <class Fn>
 double TimeMedianUs(const Options& o, Fn&& fn, const uint8_t* flush, int64_t flush_bytes,
                     ThreadPool& pool) {
@@ -151,8 +170,10 @@ double TimeMedianUs(const Options& o, Fn&& fn, const uint8_t* flush, int64_t flu
   for (int r = 0; r < o.reps; ++r) {
     if (o.cold) sink = sink + StreamSum(flush, flush_bytes, pool);
     const auto t0 = Clock::now();
+    const double c0 = ProcessCpuUs();
     fn();
-    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    t.push_back(o.cpu_time ? ProcessCpuUs() - c0
+                           : std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   return Median(t);
 }
@@ -206,19 +227,23 @@ int main(int argc, char** argv) {
   char date[64];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  const char* isa = o.isa == GemvIsa::kScalar ? "scalar"
-                    : o.isa == GemvIsa::kAvx2 ? "avx2"
-                                              : drafthead::cpu::HeadGemvIsa();
+  const char* isa = o.isa == GemvIsa::kAuto ? drafthead::cpu::HeadGemvIsa()
+                                             : drafthead::cpu::GemvIsaName(o.isa);
   std::printf("drafthead-bench-cpu  %s  isa=%s  threads=%d  reps=%d  N=%lld K=%lld  %s\n", date, isa,
               pool.size(), o.reps, static_cast<long long>(n), static_cast<long long>(k),
               o.cold ? "cold (caches flushed before each rep)" : "warm (back to back)");
+  if (o.cpu_time) std::printf("GEMV times are process CPU time (--cpu-time), not wall time\n");
   std::printf("streaming read (%lld MiB AVX2 sum, all threads): %.2f GB/s\n",
               static_cast<long long>(o.stream_mib), stream_gbs);
   std::printf("fp8 weight bytes %.1f MB, bf16 weight bytes %.1f MB\n\n", fp8_bytes / 1e6,
               bf16_bytes / 1e6);
   std::printf("| M | fp8 median us | fp8 GB/s | %% stream | fp8 GFLOP/s |");
+  if (o.vs_set)
+    std::printf(" fp8 %s us | %% stream | %s / %s |", drafthead::cpu::GemvIsaName(o.vs),
+                drafthead::cpu::GemvIsaName(o.vs), isa);
   if (o.bf16) std::printf(" bf16 median us | bf16 GB/s | %% stream | bf16 GFLOP/s | fp8 speedup |");
   std::printf("\n|---|---|---|---|---|");
+  if (o.vs_set) std::printf("---|---|---|");
   if (o.bf16) std::printf("---|---|---|---|---|");
   std::printf("\n");
   for (int m : o.ms) {
@@ -232,6 +257,17 @@ int main(int argc, char** argv) {
         sbuf, sbytes, pool);
     std::printf("| %d | %.0f | %.2f | %.0f%% | %.1f |", m, t8, fp8_bytes / t8 / 1e3,
                 100.0 * fp8_bytes / t8 / 1e3 / stream_gbs, flops / t8 / 1e3);
+    if (o.vs_set) {
+      const double tv = TimeMedianUs(
+          o,
+          [&] {
+            drafthead::cpu::HeadGemvFp8With(o.vs, x.data(), m, k, codes.data(), exps.data(), n,
+                                            y.data(), n, pool);
+          },
+          sbuf, sbytes, pool);
+      std::printf(" %.0f | %.0f%% | %.2fx |", tv, 100.0 * fp8_bytes / tv / 1e3 / stream_gbs,
+                  tv / t8);
+    }
     if (o.bf16) {
       const double tb = TimeMedianUs(
           o,

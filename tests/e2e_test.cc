@@ -442,5 +442,17 @@ TEST_F(E2E, ARankThatCannotJoinIsReported) {
   EXPECT_NE(p.Log().find("join_failed"), std::string::npos) << p.Log();
 }
 
+TEST_F(E2E, AnUnknownIsaIsRefusedByName) {
+  // --isa picks the CPU backend's GEMV (kernels/cpu/head_gemv.h); a bad value stops the server.
+  auto args = Base(1);
+  for (auto a : {"--synthetic=1", "--hidden-size=256", "--padded-vocab=256", "--isa=avx1024"})
+    args.push_back(a);
+  ServerProcess p(args, dir_ + "/isa.log");
+  const int st = p.Wait(std::chrono::seconds(20));
+  ASSERT_NE(st, -1);
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_NE(p.Log().find("--isa must be"), std::string::npos) << p.Log();
+}
+
 }  // namespace
 }  // namespace drafthead

@@ -28,10 +28,11 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 std::vector<GemvIsa> Isas() {
   std::vector<GemvIsa> v = {GemvIsa::kScalar};
   if (cpu::GemvIsaAvailable(GemvIsa::kAvx2)) v.push_back(GemvIsa::kAvx2);
+  if (cpu::GemvIsaAvailable(GemvIsa::kAvx512Bf16)) v.push_back(GemvIsa::kAvx512Bf16);
   return v;
 }
 
-const char* Name(GemvIsa isa) { return isa == GemvIsa::kAvx2 ? "avx2" : "scalar"; }
+const char* Name(GemvIsa isa) { return cpu::GemvIsaName(isa); }
 
 struct Twin {
   int64_t n, k;
@@ -106,11 +107,20 @@ std::vector<int> AllM() {
 
 TEST(HeadGemv, Dispatch) {
   const std::string isa = cpu::HeadGemvIsa();
-  EXPECT_TRUE(isa == "avx2" || isa == "scalar");
+  EXPECT_TRUE(isa == "avx512bf16" || isa == "avx2" || isa == "scalar");
   if (std::getenv("DRAFTHEAD_CPU_GEMV") == nullptr) {
-    EXPECT_EQ(isa == "avx2", cpu::GemvIsaAvailable(GemvIsa::kAvx2));
+    const bool avx512 = cpu::GemvIsaAvailable(GemvIsa::kAvx512Bf16);
+    EXPECT_EQ(isa == "avx512bf16", avx512);
+    EXPECT_EQ(isa == "avx2", !avx512 && cpu::GemvIsaAvailable(GemvIsa::kAvx2));
   }
   EXPECT_TRUE(cpu::GemvIsaAvailable(GemvIsa::kScalar));
+  for (GemvIsa i : {GemvIsa::kAuto, GemvIsa::kScalar, GemvIsa::kAvx2, GemvIsa::kAvx512Bf16}) {
+    GemvIsa back = GemvIsa::kScalar;
+    EXPECT_TRUE(cpu::ParseGemvIsa(cpu::GemvIsaName(i), &back));
+    EXPECT_EQ(back, i);
+  }
+  GemvIsa unused;
+  EXPECT_FALSE(cpu::ParseGemvIsa("avx512", &unused));
 }
 
 TEST(HeadGemvFp8, SmallKEveryM) {
@@ -236,13 +246,50 @@ TEST(HeadGemv, SameResultForAnyThreadCount) {
 TEST(HeadGemv, AutoMatchesTheChosenIsa) {
   const Twin t = RandomTwin(100, 256, 1300);
   const auto x = ref::RandomBf16(5 * 256, 1301);
-  const GemvIsa chosen = std::string(cpu::HeadGemvIsa()) == "avx2" ? GemvIsa::kAvx2 : GemvIsa::kScalar;
+  GemvIsa chosen = GemvIsa::kScalar;
+  ASSERT_TRUE(cpu::ParseGemvIsa(cpu::HeadGemvIsa(), &chosen));
   cpu::ThreadPool pool(2);
   std::vector<float> a(500, kNaN), b(500, kNaN);
   cpu::HeadGemvFp8(x.data(), 5, 256, t.codes.data(), t.exps.data(), 100, a.data(), 100, pool);
   cpu::HeadGemvFp8With(chosen, x.data(), 5, 256, t.codes.data(), t.exps.data(), 100, b.data(), 100,
                        pool);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// The AVX-512 BF16 path against the AVX2 path: bit-identical where it hands the work to the AVX2
+// kernel (a band with an exponent outside [10, 246]; x with a subnormal or Inf), within the fp32
+// accumulation bound of each other elsewhere (same exact products, another summation order).
+TEST(HeadGemvFp8, Avx512MatchesAvx2) {
+  if (!cpu::GemvIsaAvailable(GemvIsa::kAvx512Bf16)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  const int64_t n = 256, k = 1056;  // 33 exponent blocks: a 64-column group half past k
+  Twin t = RandomTwin(n, k, 1500);
+  for (int64_t b = 0; b < k / 32; ++b) t.exps[3 * (k / 32) + b] = static_cast<uint8_t>(5 + b % 3);
+  cpu::ThreadPool pool(2);
+  for (int m : {1, 5, 8, 9, 64}) {
+    auto x = ref::RandomBf16(static_cast<size_t>(m) * k, 1501 + m);
+    std::vector<float> a(m * n, kNaN), b(m * n, kNaN);
+    auto run = [&](GemvIsa isa, std::vector<float>& y) {
+      cpu::HeadGemvFp8With(isa, x.data(), m, k, t.codes.data(), t.exps.data(), n, y.data(), n, pool);
+    };
+    run(GemvIsa::kAvx512Bf16, a);
+    run(GemvIsa::kAvx2, b);
+    const ref::RefGemv r = ref::ReferenceGemvFp8(x.data(), m, k, t.codes.data(), t.exps.data(), n);
+    for (int i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t at = static_cast<size_t>(i) * n + j;
+        if (j / 32 == 3) {  // the out-of-range band: AVX2's own result
+          ASSERT_EQ(std::memcmp(&a[at], &b[at], 4), 0) << "m=" << m << " j=" << j;
+        } else {
+          ASSERT_LE(std::fabs(a[at] - b[at]), 2 * r.Tolerance(i, j, 1e-5, 1e-35))
+              << "m=" << m << " i=" << i << " j=" << j;
+        }
+      }
+    }
+    x[k / 2] = 0x0001;  // a bf16 subnormal in x: the whole call is the AVX2 kernel's
+    run(GemvIsa::kAvx512Bf16, a);
+    run(GemvIsa::kAvx2, b);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "m=" << m;
+  }
 }
 
 // Run by ctest as head_gemv_scalar_env with DRAFTHEAD_CPU_GEMV=scalar (and harmless without).

@@ -4,7 +4,8 @@
 # `source bench/gpu/env.sh` unpacks it and sets PATH / LD_LIBRARY_PATH / PYTHONPATH.
 #
 #   bench/gpu/bundle.sh [TARGET...]   # default: every program, test and benchmark
-#   DRAFTHEAD_GPU_BUILD=DIR (build folder), DRAFTHEAD_GPU_BUNDLE=DIR (output folder) override.
+#   DRAFTHEAD_GPU_BUILD=DIR (build folder), DRAFTHEAD_GPU_BUNDLE=DIR (output folder) override;
+#   DRAFTHEAD_SHARED=DIR the shared/ folder (default ../shared beside the checkout; a worktree sets it).
 #
 # Binaries are stripped; their non-system libraries come from ../shared/tools/bundle-libs.sh.
 # The xz tarball keeps the travelling tree far under the device tool's 64 MiB.
@@ -33,7 +34,7 @@ for b in "${bins[@]}"; do
   cp "$b" "$stage/bin/$rel"
   strip --strip-unneeded "$stage/bin/$rel"
 done
-bash "$root/../shared/tools/bundle-libs.sh" "$stage/lib" "${bins[@]}" >/dev/null
+bash "${DRAFTHEAD_SHARED:-$root/../shared}/tools/bundle-libs.sh" "$stage/lib" "${bins[@]}" >/dev/null
 strip --strip-unneeded "$stage"/lib/* 2>/dev/null || true
 # The generated Python stubs (the GPU machine has grpcio and protobuf, not protoc).
 [ -d "$build/client/python_gen" ] && cp -r "$build/client/python_gen/." "$stage/python/"

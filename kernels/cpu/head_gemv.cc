@@ -1,5 +1,5 @@
-// Portable scalar LM-head GEMV and the run-time dispatch between it and the AVX2 kernels
-// (head_gemv_avx2.cc). The scalar path is the reference-grade fallback: it dequantizes each weight
+// Portable scalar LM-head GEMV and the run-time dispatch between it and the AVX2 / AVX-512 BF16
+// kernels (head_gemv_avx2.cc, head_gemv_avx512.cc). The scalar path is the reference-grade fallback: it dequantizes each weight
 // exactly (E4m3ToFloat(code) * 2^(exp - 127) in fp32), once per call, then forms fp32 dot products.
 #include "kernels/cpu/head_gemv.h"
 
@@ -53,7 +53,7 @@ const float* ConvertX(const uint16_t* x, int m, int64_t k, std::vector<float>& b
   return buf.data();
 }
 
-enum class Resolved { kScalar, kAvx2 };
+enum class Resolved { kScalar, kAvx2, kAvx512 };
 
 bool CpuHasAvx2Fma() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -65,12 +65,31 @@ bool CpuHasAvx2Fma() {
 #endif
 }
 
-// kAuto: AVX2 when the CPU has it, unless DRAFTHEAD_CPU_GEMV=scalar.
+bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool ok = CpuHasAvx2Fma() && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vbmi") &&
+                         __builtin_cpu_supports("avx512bf16");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// kAuto: the widest path the CPU has, unless DRAFTHEAD_CPU_GEMV names an available one.
 Resolved AutoIsa() {
   static const Resolved r = [] {
     const char* env = std::getenv("DRAFTHEAD_CPU_GEMV");
-    if (env != nullptr && std::strcmp(env, "scalar") == 0) return Resolved::kScalar;
-    return CpuHasAvx2Fma() ? Resolved::kAvx2 : Resolved::kScalar;
+    GemvIsa forced = GemvIsa::kAuto;
+    if (env != nullptr && ParseGemvIsa(env, &forced) && forced != GemvIsa::kAuto &&
+        GemvIsaAvailable(forced))
+      return forced == GemvIsa::kScalar ? Resolved::kScalar
+             : forced == GemvIsa::kAvx2 ? Resolved::kAvx2
+                                        : Resolved::kAvx512;
+    return CpuHasAvx512Bf16() ? Resolved::kAvx512
+           : CpuHasAvx2Fma()  ? Resolved::kAvx2
+                              : Resolved::kScalar;
   }();
   return r;
 }
@@ -87,6 +106,12 @@ Resolved Resolve(GemvIsa isa) {
         std::abort();
       }
       return Resolved::kAvx2;
+    case GemvIsa::kAvx512Bf16:
+      if (!CpuHasAvx512Bf16()) {
+        std::fprintf(stderr, "drafthead: HeadGemv*With(kAvx512Bf16) on a CPU without AVX-512 BF16\n");
+        std::abort();
+      }
+      return Resolved::kAvx512;
   }
   return Resolved::kScalar;
 }
@@ -139,7 +164,32 @@ void Bf16BandsScalar(const uint16_t* x, int m, int64_t k, const uint16_t* w, int
 
 }  // namespace internal
 
-bool GemvIsaAvailable(GemvIsa isa) { return isa != GemvIsa::kAvx2 || CpuHasAvx2Fma(); }
+bool GemvIsaAvailable(GemvIsa isa) {
+  switch (isa) {
+    case GemvIsa::kAvx2: return CpuHasAvx2Fma();
+    case GemvIsa::kAvx512Bf16: return CpuHasAvx512Bf16();
+    default: return true;
+  }
+}
+
+bool ParseGemvIsa(std::string_view name, GemvIsa* isa) {
+  for (GemvIsa i : {GemvIsa::kAuto, GemvIsa::kScalar, GemvIsa::kAvx2, GemvIsa::kAvx512Bf16}) {
+    if (name == GemvIsaName(i)) {
+      *isa = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* GemvIsaName(GemvIsa isa) {
+  switch (isa) {
+    case GemvIsa::kScalar: return "scalar";
+    case GemvIsa::kAvx2: return "avx2";
+    case GemvIsa::kAvx512Bf16: return "avx512bf16";
+    default: return "auto";
+  }
+}
 
 void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                      const uint8_t* exps, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
@@ -149,6 +199,8 @@ void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uin
   const int64_t bands = (n + kBand - 1) / kBand;
   pool.ParallelFor(bands, 1, [&](int64_t b0, int64_t b1) {
 #if defined(__x86_64__) || defined(__i386__)
+    if (r == Resolved::kAvx512)
+      return internal::Fp8BandsAvx512(x, m, k, codes, exps, n, y, ldy, b0, b1);
     if (r == Resolved::kAvx2) return internal::Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, b0, b1);
 #endif
     internal::Fp8BandsScalar(x, m, k, codes, exps, n, y, ldy, b0, b1);
@@ -163,7 +215,7 @@ void HeadGemvBf16With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const ui
   const int64_t bands = (n + kBand - 1) / kBand;
   pool.ParallelFor(bands, 1, [&](int64_t b0, int64_t b1) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (r == Resolved::kAvx2) return internal::Bf16BandsAvx2(x, m, k, w, n, y, ldy, b0, b1);
+    if (r != Resolved::kScalar) return internal::Bf16BandsAvx2(x, m, k, w, n, y, ldy, b0, b1);
 #endif
     internal::Bf16BandsScalar(x, m, k, w, n, y, ldy, b0, b1);
   });
@@ -179,6 +231,12 @@ void HeadGemvBf16(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_
   HeadGemvBf16With(GemvIsa::kAuto, x, m, k, w, n, y, ldy, pool);
 }
 
-const char* HeadGemvIsa() { return AutoIsa() == Resolved::kAvx2 ? "avx2" : "scalar"; }
+const char* HeadGemvIsa() {
+  switch (AutoIsa()) {
+    case Resolved::kAvx512: return "avx512bf16";
+    case Resolved::kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
 
 }  // namespace drafthead::cpu

@@ -2,15 +2,18 @@
 // against one shard, fp32 accumulation. Two weight formats: the fp8 twin (e4m3 codes with one
 // power-of-two exponent per 32x32 block, dequantized exactly) and plain bf16.
 //
-// Vectorized with AVX2/FMA where the CPU has it (checked at run time), portable scalar code
-// otherwise; both read each weight byte once per call whatever M is (rows are blocked inside).
+// Vectorized with AVX-512 BF16 (vdpbf16ps, fp8 twin only) or AVX2/FMA where the CPU has them
+// (checked at run time), portable scalar code otherwise; all read each weight byte once per call
+// whatever M is (rows are blocked inside).
 // Threads: work is split over output rows n on `pool`. Inputs are not modified; y must not alias.
 //
-// The environment variable DRAFTHEAD_CPU_GEMV=scalar forces the scalar path for HeadGemv*
-// (read once, at the first call), so whole-server tests can cover it.
+// The environment variable DRAFTHEAD_CPU_GEMV=scalar|avx2|avx512bf16 forces that path for
+// HeadGemv* when the CPU has it (read once, at the first call), so whole-server tests can cover
+// it; the server's --isa flag and the bench's pass an explicit GemvIsa instead.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/cpu/thread_pool.h"
 
@@ -28,14 +31,20 @@ void HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* codes, cons
 void HeadGemvBf16(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_t n, float* y,
                   int64_t ldy, ThreadPool& pool);
 
-// Which implementation HeadGemv* use on this machine ("avx2" or "scalar").
+// Which implementation HeadGemvFp8 uses on this machine ("avx512bf16", "avx2" or "scalar").
 const char* HeadGemvIsa();
 
-// ---- explicit implementation choice (tests, benchmarks) ----------------------------------------
-enum class GemvIsa { kAuto, kScalar, kAvx2 };
+// ---- explicit implementation choice (tests, benchmarks, the server's --isa) --------------------
+// kAvx512Bf16 applies to the fp8 twin; HeadGemvBf16 runs its AVX2 kernel under it.
+enum class GemvIsa { kAuto, kScalar, kAvx2, kAvx512Bf16 };
 
-// True when `isa` can run here (kAuto and kScalar always; kAvx2 needs AVX2 and FMA).
+// True when `isa` can run here (kAuto and kScalar always; kAvx2 needs AVX2, FMA and F16C;
+// kAvx512Bf16 needs those and AVX-512 F/BW/VBMI/BF16).
 bool GemvIsaAvailable(GemvIsa isa);
+
+// "auto", "scalar", "avx2", "avx512bf16" <-> GemvIsa; ParseGemvIsa is false for other names.
+bool ParseGemvIsa(std::string_view name, GemvIsa* isa);
+const char* GemvIsaName(GemvIsa isa);
 
 // HeadGemv* with the implementation forced; kAuto is what HeadGemv* do. Calling with an
 // unavailable isa aborts (check GemvIsaAvailable first).
@@ -57,6 +66,10 @@ void Fp8BandsAvx2(const uint16_t* x, int m, int64_t k, const uint8_t* codes, con
                   int64_t n, float* y, int64_t ldy, int64_t b0, int64_t b1);
 void Bf16BandsAvx2(const uint16_t* x, int m, int64_t k, const uint16_t* w, int64_t n, float* y,
                    int64_t ldy, int64_t b0, int64_t b1);
+// head_gemv_avx512.cc (built with AVX-512 BF16 flags); call only when
+// GemvIsaAvailable(kAvx512Bf16). Bands it cannot take exactly go to Fp8BandsAvx2.
+void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                    int64_t n, float* y, int64_t ldy, int64_t b0, int64_t b1);
 #endif
 }  // namespace internal
 

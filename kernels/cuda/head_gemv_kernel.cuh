@@ -96,6 +96,26 @@ __device__ __forceinline__ void DequantWord(uint32_t w, uint32_t scale2, uint32_
   }
 }
 
+// The 16 codes of one lane's 16-byte load (one row) -> the 8 A-fragment registers: af[2j] =
+// codes 4j, 4j+1; af[2j+1] = codes 4j+2, 4j+3.
+template <int CONV>
+__device__ __forceinline__ void DequantRow16(const uint4& w, uint32_t scale2, uint32_t (&af)[8]) {
+  DequantWord<CONV>(w.x, scale2, af[0], af[1]);
+  DequantWord<CONV>(w.y, scale2, af[2], af[3]);
+  DequantWord<CONV>(w.z, scale2, af[4], af[5]);
+  DequantWord<CONV>(w.w, scale2, af[6], af[7]);
+}
+
+// A lane's B fragments (x^T, 16 columns of one batch row) from its 32 contiguous bytes at p.
+struct XFrag {
+  uint32_t b[8];
+};
+__device__ __forceinline__ XFrag LoadXFrag(const uint8_t* p) {
+  const uint4 b01 = *reinterpret_cast<const uint4*>(p);
+  const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
+  return {{b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w}};
+}
+
 // bf16x2 of 2^(e + bias) for the biased block exponent byte (e = byte - 127).
 template <int CONV>
 __device__ __forceinline__ uint32_t ScalePair(uint32_t exp_byte) {
@@ -155,8 +175,11 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 // added through shared memory (fixed order: deterministic). HINT: the L2::256B load hint.
 // PFD > 0 (round 2 variant): lanes t == 0 also issue bulk L2 prefetches of their two rows, 512
 // bytes (8 steps) at a time, PFD steps ahead of the loads, so DRAM sees 512-byte row bursts.
+// PDL (issue 12): launched with programmatic stream serialization, the kernel lets the next
+// kernel in the stream launch early and waits for the previous one (griddepcontrol.wait) only
+// before it reads x; the first D weight loads are issued before that wait.
 template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
-          int PFD = 0>
+          int PFD = 0, bool PDL = false>
 __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
   static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
   constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
@@ -170,7 +193,11 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 
   // Whole-x mode: x is issued first but waited for only after the first weight loads are in
   // flight (they do not depend on it).
-  if (single) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!single) asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  if (single && !PDL) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
   bool x_ready = !single;
 
   const int unit = warp % kUnits, kpart = warp / kUnits;
@@ -215,6 +242,10 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 #pragma unroll
     for (int d = 0; d < D; ++d) load(s_begin + d, d);
     if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
+      if constexpr (PDL) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
+      }
       CpAsyncWait<0>();
       __syncthreads();
       x_ready = true;
@@ -269,21 +300,14 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
           // A fragments: af[i][2j] = codes 4j,4j+1 of row i; af[i][2j+1] = codes 4j+2,4j+3.
           uint32_t af[2 * RT][8];
 #pragma unroll
-          for (int i = 0; i < 2 * RT; ++i) {
-            DequantWord<CONV>(wq[d][i].x, scale2, af[i][0], af[i][1]);
-            DequantWord<CONV>(wq[d][i].y, scale2, af[i][2], af[i][3]);
-            DequantWord<CONV>(wq[d][i].z, scale2, af[i][4], af[i][5]);
-            DequantWord<CONV>(wq[d][i].w, scale2, af[i][6], af[i][7]);
-          }
+          for (int i = 0; i < 2 * RT; ++i) DequantRow16<CONV>(wq[d][i], scale2, af[i]);
           // The slot is free once converted: refill it D steps ahead before the mma work.
           load(s + D, d);
           const uint8_t* xrow = xs + (s - chunk_step0) * 128 + 32 * t;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            const uint8_t* p = xrow + (mt * 8 + g) * a.row_bytes;
-            const uint4 b01 = *reinterpret_cast<const uint4*>(p);
-            const uint4 b23 = *reinterpret_cast<const uint4*>(p + 16);
-            const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+            const XFrag xf = LoadXFrag(xrow + (mt * 8 + g) * a.row_bytes);
+            const uint32_t* b = xf.b;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -339,12 +363,13 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 
 // ---- dispatch -------------------------------------------------------------------------------
 template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2), int W = WarpsFor(RT),
-          int KS = 1, bool HINT = true, int PFD = 0>
+          int KS = 1, bool HINT = true, int PFD = 0, bool PDL = false>
 cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                        cudaStream_t stream) {
   // Cheap runtime calls; done per launch so a process may use several devices.
-  DH_CUDA_TRY(cudaFuncSetAttribute(GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD>,
+  auto kernel = GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD, PDL>;
+  DH_CUDA_TRY(cudaFuncSetAttribute(kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
   int dev = 0, sms = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
@@ -375,7 +400,21 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
   const int64_t ctas = (nblk + kUnits - 1) / kUnits;
   const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
-  GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD><<<grid, W * 32, smem, stream>>>(a);
+  if constexpr (PDL) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    DH_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+  } else {
+    kernel<<<grid, W * 32, smem, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -384,21 +423,21 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
 constexpr int kDefaultDepth = 4;
 
 // One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D.
-template <int D, int CONV = kConvPrmt>
+template <int D, int CONV = kConvPrmt, bool PDL = false>
 cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                              const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                              cudaStream_t stream) {
   switch ((m + 7) / 8) {
     // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
     // K-split variants 302/314 within 0-3.5%: none replaces these.)
-    case 1: return LaunchFast<1, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 3: return LaunchFast<3, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 4: return LaunchFast<4, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 5: return LaunchFast<5, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 6: return LaunchFast<6, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 7: return LaunchFast<7, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 8: return LaunchFast<8, D, CONV>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, D, CONV, (1 <= 2 ? 1 : 2), WarpsFor(1 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, CONV, (2 <= 2 ? 1 : 2), WarpsFor(2 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, D, CONV, (3 <= 2 ? 1 : 2), WarpsFor(3 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, D, CONV, (4 <= 2 ? 1 : 2), WarpsFor(4 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, D, CONV, (5 <= 2 ? 1 : 2), WarpsFor(5 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, D, CONV, (6 <= 2 ? 1 : 2), WarpsFor(6 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, D, CONV, (7 <= 2 ? 1 : 2), WarpsFor(7 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, D, CONV, (8 <= 2 ? 1 : 2), WarpsFor(8 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }

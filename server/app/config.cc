@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cpu/head_gemv.h"
 #include "server/comm/rendezvous.h"
 #include "server/group/wire_format.h"
 
@@ -30,6 +31,7 @@ ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(std::string, comm, "gloo", "Collectives: gloo or nccl");
 ABSL_FLAG(std::string, devices, "", "CUDA device per local rank, comma-separated (default: the local rank)");
 ABSL_FLAG(int, threads, 0, "CPU backend threads per rank (0: hardware threads / ranks on this host)");
+ABSL_FLAG(std::string, isa, "auto", "CPU backend GEMV: auto (the widest this CPU has), avx512bf16, avx2 or scalar");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address of rank 0");
 ABSL_FLAG(uint32_t, max_rows, 64, "Most rows in one request and one batch");
 ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
@@ -114,6 +116,11 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);
   if (c.backend_options.threads < 0) return Bad("--threads must be >= 0 (0: hardware threads / ranks on this host)");
+  const std::string isa = absl::GetFlag(FLAGS_isa);
+  if (!cpu::ParseGemvIsa(isa, &c.backend_options.cpu_isa))
+    return Bad(absl::StrCat("--isa must be auto, avx512bf16, avx2 or scalar, not '", isa, "'"));
+  if (!cpu::GemvIsaAvailable(c.backend_options.cpu_isa))
+    return Bad(absl::StrCat("--isa=", isa, ": this CPU lacks the instructions"));
   if (c.backend_options.threads == 0) {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     c.backend_options.threads = std::max(1, hw / c.local_ranks);

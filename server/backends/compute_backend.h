@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/head_gemv.h"
 #include "server/group/wire_format.h"
 #include "server/comm/collective.h"
 #include "server/group/shard_geometry.h"
@@ -22,6 +23,7 @@ struct BackendOptions {
   int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
+  cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
 };
 
 // Where one batch's time went (microseconds of wall or device time). The backend fills its part

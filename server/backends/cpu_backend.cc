@@ -89,10 +89,11 @@ class CpuBackend : public ComputeBackend {
         ys = yg_.data();
       }
       if (head == RowHead::kFp8Twin) {
-        cpu::HeadGemvFp8(xs, static_cast<int>(idx.size()), K, w_.codes.data(), w_.exps.data(), S,
-                         ys, S, pool_);
+        cpu::HeadGemvFp8With(opts_.cpu_isa, xs, static_cast<int>(idx.size()), K, w_.codes.data(),
+                             w_.exps.data(), S, ys, S, pool_);
       } else {
-        cpu::HeadGemvBf16(xs, static_cast<int>(idx.size()), K, w_.bf16.data(), S, ys, S, pool_);
+        cpu::HeadGemvBf16With(opts_.cpu_isa, xs, static_cast<int>(idx.size()), K, w_.bf16.data(), S,
+                              ys, S, pool_);
       }
       if (!whole) {
         for (size_t j = 0; j < idx.size(); ++j)

@@ -1,6 +1,7 @@
 #include "kernels/cuda/experimental/head_gemv_variants.cuh"
 
 #include "kernels/cuda/head_gemv_kernel.cuh"
+#include "kernels/cuda/head_gemv_ring.cuh"
 
 namespace drafthead::cuda {
 namespace {
@@ -12,6 +13,18 @@ cudaError_t SmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes, co
   switch ((m + 7) / 8) {
     case 1: return LaunchFast<1, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
     case 2: return LaunchFast<2, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Issue 12: the TMA ring (head_gemv_ring.cuh), M <= 16. C consumer warps, exponents EQ stages
+// ahead.
+template <int C, int EQ, bool PDL, bool EVICT_FIRST>
+cudaError_t Ring(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                 int64_t n, float* y, int64_t ldy, int stages, cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    case 1: return LaunchRing<1, C, EQ, PDL, EVICT_FIRST>(x, m, k, codes, exps, n, y, ldy, stages, stream);
+    case 2: return LaunchRing<2, C, EQ, PDL, EVICT_FIRST>(x, m, k, codes, exps, n, y, ldy, stages, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -28,6 +41,8 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 0:
       case 4: return DispatchByBucket<kDefaultDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 2: return DispatchByBucket<2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 604:
+        return DispatchByBucket<kDefaultDepth, kConvPrmt, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 8:
         if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
         return DispatchByBucket<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
@@ -40,6 +55,16 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 408: return SmallM<4, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 416: return SmallM<4, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
+      case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
+      case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 518: return Ring<8, 4, true, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 528: return Ring<8, 4, false, true>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 538: return Ring<8, 4, true, true>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 548: return Ring<8, 1, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 588: return Ring<8, 8, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
+      case 564: return Ring<16, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
+      case 574: return Ring<16, 4, true, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       default: return cudaErrorInvalidValue;
     }
   });

@@ -15,6 +15,12 @@ namespace drafthead::cuda {
 // (M <= 16 only, else cudaErrorInvalidValue): 200 = depth 4 without the L2::256B hint; 302 / 304 =
 // 32 warps a CTA with K split in 2 across warp pairs, depth 2 / 4; 314 = 16 warps, K split in 2;
 // 408 / 416 / 432 = the default plus bulk L2 prefetches of each row 8 / 16 / 32 steps ahead.
+// Issue 12 (M <= 16; cudaErrorNotSupported where x does not fit beside 2 stages): the TMA ring of
+// head_gemv_ring.cuh, 8 consumer warps, block exponents 4 stages ahead, at most 4 / 6 / 8 stages
+// of 16 KB = 504 / 506 / 508; 518 = 508 launched with programmatic dependent launch; 528 = 508
+// with an L2 evict-first policy on the copies; 538 = both; 548 / 588 = 508 with exponents 1 / 8
+// stages ahead (548 is round 3's run-1 kernel); 564 = 16 consumer warps, 4 stages of 32 KB; 574 =
+// 564 with PDL; 604 = the default kernel (every M) launched with programmatic dependent launch.
 // Unknown variants: cudaErrorInvalidValue.
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
