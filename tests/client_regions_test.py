@@ -8,42 +8,22 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, CLIENT, bf16_bits, free_port, stop  # noqa: E402
+from client_test_util import CLIENT, RealServerTestCase, bf16_bits  # noqa: E402
 
 import drafthead_client as dc  # noqa: E402
 from drafthead_client.regions import SystemRegion  # noqa: E402
 
-SERVER = os.path.join(BIN, "server", "drafthead-server")
 K, PADDED, VOCAB = 256, 4096, 4001
 
 
-class ClientRegionsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dh-regions-")
-        cls.target = f"127.0.0.1:{free_port()}"
-        cls.log = open(os.path.join(cls.dir, "server.log"), "w")
-        cls.proc = subprocess.Popen(
-            [SERVER, "--synthetic=4", f"--hidden-size={K}", f"--padded-vocab={PADDED}", f"--vocab-size={VOCAB}",
-             "--tp=2", "--threads=1", "--shared-memory=system", f"--listen={cls.target}"],
-            stdout=cls.log, stderr=subprocess.STDOUT)
-        p = subprocess.run([CLIENT, "info", f"--target={cls.target}", "--wait=120"], capture_output=True,
-                           text=True, timeout=150)
-        if p.returncode != 0:
-            cls.tearDownClass()
-            raise RuntimeError(f"server did not serve: {p.stderr}")
-        cls.head = dc.RemoteDraftHead(cls.target, timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        stop(cls.proc, timeout=30)
-        cls.log.close()
+class ClientRegionsTest(RealServerTestCase):
+    SERVER_ARGS = ["--synthetic=4", f"--hidden-size={K}", f"--padded-vocab={PADDED}", f"--vocab-size={VOCAB}", "--tp=2",
+                   "--threads=1", "--shared-memory=system"]
 
     def test_info_lists_the_kinds(self):
         self.assertEqual(self.head.info(refresh=True)["shared_memory"], ["SYSTEM"])

@@ -9,22 +9,19 @@ they are absent. About 3 s."""
 import contextlib
 import io
 import os
-import subprocess
 import sys
-import tempfile
 import types
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, CLIENT, bf16_bits, free_port, stop  # noqa: E402
+from client_test_util import RealServerTestCase, bf16_bits, free_port  # noqa: E402
 
 import drafthead_client as dc  # noqa: E402
 from drafthead_client import dspark_adapter  # noqa: E402
 from drafthead_client.regions import SystemRegion  # noqa: E402
 
-SERVER = os.path.join(BIN, "server", "drafthead-server")
 K, PADDED, VOCAB = 256, 4096, 4000
 
 
@@ -74,27 +71,9 @@ class NumpyRegionTransport:
         return self.out[:m].astype(out_dtype, copy=True)
 
 
-class DSparkAdapterTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dh-dspark-")
-        cls.target = f"127.0.0.1:{free_port()}"
-        cls.log = open(os.path.join(cls.dir, "server.log"), "w")
-        cls.proc = subprocess.Popen(
-            [SERVER, "--synthetic=2", f"--hidden-size={K}", f"--padded-vocab={PADDED}", f"--vocab-size={VOCAB}",
-             "--tp=1", "--threads=1", "--shared-memory=system", f"--listen={cls.target}"],
-            stdout=cls.log, stderr=subprocess.STDOUT)
-        p = subprocess.run([CLIENT, "info", f"--target={cls.target}", "--wait=120"], capture_output=True,
-                           text=True, timeout=150)
-        if p.returncode != 0:
-            cls.tearDownClass()
-            raise RuntimeError(f"server did not serve: {p.stderr}")
-        cls.head = dc.RemoteDraftHead(cls.target, timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        stop(cls.proc, timeout=30)
-        cls.log.close()
+class DSparkAdapterTest(RealServerTestCase):
+    SERVER_ARGS = ["--synthetic=2", f"--hidden-size={K}", f"--padded-vocab={PADDED}", f"--vocab-size={VOCAB}", "--tp=1",
+                   "--threads=1", "--shared-memory=system"]
 
     def test_refuses_to_arm_on_a_drifted_engine(self):
         for broken in ("_logits_from_x_post_hc", "gather_and_crop_vocab", "DeepseekV4ForCausalLMDSpark"):
