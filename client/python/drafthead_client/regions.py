@@ -102,9 +102,11 @@ class SystemRegion(_Region):
         self._shm.unlink()
 
     def close(self) -> None:
-        registered = self._registered
-        super().close()
-        if registered:
+        if not self._registered:
+            return
+        try:
+            super().close()
+        finally:  # even when the server is gone: the object must not outlive its owner
             self._release()
 
 
