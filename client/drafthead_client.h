@@ -80,7 +80,7 @@ struct HiddenRows {
   uint32_t rows = 0;
   v1::DType dtype = v1::BF16;
   std::string_view bytes;
-  v1::RegionSlice region;
+  v1::RegionSlice region = {};
 
   static HiddenRows InRegion(v1::RegionSlice slice, uint32_t rows, v1::DType dtype = v1::BF16) {
     return {rows, dtype, {}, std::move(slice)};
