@@ -129,6 +129,14 @@ class RealServer:
         self.log = open(os.path.join(log_dir, "server.log"), "w")
         self.proc = subprocess.Popen([os.path.join(BIN, "server", "drafthead-server"), f"--listen={self.target}"]
                                      + list(args), stdout=self.log, stderr=subprocess.STDOUT)
+        # Connect only once the port listens: an early refusal puts gRPC's channel into seconds of
+        # reconnect backoff.
+        deadline = time.monotonic() + 120
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", int(self.target.rsplit(":", 1)[1]))) == 0:
+                    break
+            time.sleep(0.02)
         p = subprocess.run([CLIENT, "info", f"--target={self.target}", "--wait=120"], capture_output=True,
                            text=True, timeout=150)
         if p.returncode != 0:
