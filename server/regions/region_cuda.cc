@@ -89,13 +89,14 @@ absl::StatusOr<std::unique_ptr<RegionMapping>> MapCudaIpcRegion(const RegionSpec
   DH_CUDA_RETURN_IF_ERROR(cudaSetDevice(serving_device), 0);
   cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) return Invalid("cuda_ipc_handle", "cannot open the handle", e);
+  cudaPointerAttributes attr{};
+  e = cudaPointerGetAttributes(&attr, base);
+  if (e == cudaSuccess && spec.cuda_device.empty()) owner = attr.device;  // where it really is
   auto mapping = std::make_unique<CudaIpcMapping>(base, serving_device, owner,
                                                   static_cast<uint8_t*>(base) + spec.offset);
   // From here the mapping closes the handle on every return.
-  cudaPointerAttributes attr{};
-  e = cudaPointerGetAttributes(&attr, base);
   if (e != cudaSuccess) return Invalid("cuda_ipc_handle", "cannot query the memory", e);
-  if (!spec.cuda_device.empty() && attr.device != owner)
+  if (attr.device != owner)
     return absl::InvalidArgumentError(absl::StrCat("cuda_device: the handle's memory is on GPU ",
                                                    attr.device, ", not on ", spec.cuda_device));
   // The opened pointer is the allocation's start; the region must end inside it.
