@@ -7,3 +7,7 @@ drafthead_add_test(e2e_test SOURCES e2e_test.cc LIBS drafthead_api drafthead_tes
 add_dependencies(e2e_test drafthead-server drafthead-quantize)
 drafthead_add_test(ops_test SOURCES ops_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 900)
 add_dependencies(ops_test drafthead-server)
+drafthead_add_test(regions_test SOURCES regions_test.cc LIBS drafthead_regions)
+drafthead_add_test(regions_e2e_test SOURCES regions_e2e_test.cc LIBS drafthead_api drafthead_client drafthead_test_reference TIMEOUT 600)
+add_dependencies(regions_e2e_test drafthead-server)
+drafthead_add_test(regions_queue_test SOURCES regions_queue_test.cc LIBS drafthead_api drafthead_test_reference)
