@@ -1,0 +1,70 @@
+// KServe v2 / Triton (inference.GRPCInferenceService) <-> the native API: a ModelInferRequest
+// becomes the very LogitsRequest a native caller would send (so it is validated by
+// server/api/request.cc and batched like any other), and the native answer becomes a
+// ModelInferResponse. Also the model's description in the protocol's terms (metadata, config).
+// Pure functions, no threads.
+//
+// The mapping (docs/client.md has it for callers):
+//   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0])  -> rows, hidden, hidden_dtype
+//   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields
+//   outputs: full_logits -> `logits` ([rows, vocab], BF16 | FP32); otherwise `token_ids` (INT32
+//   [rows, k]), `values` (FP32) and, with return_probs, `probs` (FP32).
+// Errors: INVALID_ARGUMENT whose message starts with the tensor or parameter it is about
+// ("hidden: ...", "top_k: ..."); an unknown model or version NOT_FOUND.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "drafthead/v1/drafthead.pb.h"
+#include "inference/grpc_service.pb.h"
+
+namespace drafthead::kserve {
+
+inline constexpr char kModelVersion[] = "1";  // the one version the model has
+inline constexpr char kPlatform[] = "drafthead";
+
+// The served model, as the protocol describes it.
+struct ModelDescription {
+  std::string name = "drafthead";  // --model-name
+  uint32_t hidden_size = 0;
+  uint32_t vocab_size = 0;
+  uint32_t max_rows = 0;
+  uint32_t max_top_k = 0;
+  bool has_bf16 = false;  // the BF16_EXACT head is kept
+};
+
+ModelDescription DescribeModel(const v1::ModelInfo& info, std::string name);
+
+// NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
+absl::Status CheckModel(const ModelDescription& model, const std::string& name,
+                        const std::string& version);
+
+// A ModelInferRequest as the native request, with what the answer must carry back.
+struct TranslatedRequest {
+  v1::LogitsRequest native;
+  std::string id;                    // echoed
+  std::vector<std::string> outputs;  // the requested outputs in order; empty: all the mode makes
+};
+
+// Checks the model, the input tensor, the parameters and the requested outputs; the limits that
+// the native API checks (rows, top_k, temperature, finiteness, ...) are left to its validation.
+absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRequest& req,
+                                                   const ModelDescription& model);
+
+// Fills `out` from the native answer to `req`. The logits bytes are moved out of `native`, not
+// copied. Requested outputs the request's mode does not make (e.g. `logits` of a top_k request, as
+// perf_analyzer asks for every output of the model) are left out. The native Timing is returned as
+// int64 response parameters queue_us, compute_us and batch_rows.
+void TranslateResponse(const TranslatedRequest& req, const ModelDescription& model,
+                       v1::LogitsResponse& native, inference::ModelInferResponse* out);
+
+// `extensions`: what this server implements (ServerMetadata lists exactly these).
+inference::ServerMetadataResponse ServerMetadata(const std::vector<std::string>& extensions);
+inference::ModelMetadataResponse ModelMetadata(const ModelDescription& model);
+inference::ModelConfig ModelConfig(const ModelDescription& model);
+
+}  // namespace drafthead::kserve
