@@ -2,8 +2,9 @@
 as a tritonclient-style caller uses it (numpy arrays as raw tensor bytes), against a real
 drafthead-server (CPU, Gloo, tp=2, tiny shapes, --model-name=lmhead): every mode equal to the native
 API's answer bit for bit, KServe and native requests in flight together, a stream with a bad request in
-the middle, bad input refused by name. Loopback only; the server is stopped at the end."""
+the middle, bad input refused by name; the load tester's --protocol=kserve. Loopback only; the server is stopped at the end."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, bf16_bits, free_port, stop  # noqa: E402
+from client_test_util import BIN, CLIENT, bf16_bits, free_port, stop  # noqa: E402
 
 from drafthead.v1 import drafthead_pb2 as pb, drafthead_pb2_grpc as pb_grpc  # noqa: E402
 from inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
@@ -153,6 +154,24 @@ class KServePythonTest(unittest.TestCase):
         self.assertTrue(answers["2"].error_message.startswith("INVALID_ARGUMENT: temperature:"), answers["2"].error_message)
         np.testing.assert_array_equal(tensors(answers["3"].infer_response)["token_ids"].ravel(),
                                       self.native_answer(mode=pb.TOP_K, top_k=2).token_ids)
+
+    def load(self, *args, exit_code=0):
+        js = os.path.join(self.dir, "load.json")
+        p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--protocol=kserve", f"--model-name={MODEL}",
+                            "--rows=5", "-c", "2", "-z", "60s", "--quiet", f"--json={js}"] + list(args), timeout=120)
+        self.assertEqual(p.returncode, exit_code)
+        with open(js) as f:
+            return json.load(f)["runs"][0]
+
+    def test_load_tester_speaks_kserve(self):
+        for stream in ([], ["--stream"]):
+            r = self.load("-n", "30", "--mode=topk", "--k=8", *stream)
+            self.assertEqual((r["ok"], r["errors"]), (30, 0), stream)
+            self.assertGreater(r["server_us"]["compute"]["p50"], 0, "timing read from the response parameters")
+            self.assertGreaterEqual(r["batch_rows_p50"], 5)
+        # In-band stream errors keep their code (from the "CODE: " prefix).
+        r = self.load("-n", "4", "--mode=topk", "--k=100000", "--stream", "--no-probe", exit_code=1)
+        self.assertEqual(r["errors_by_code"], {"INVALID_ARGUMENT": 4})
 
     def test_bad_input_is_named(self):
         req = infer_request(self.bits)
