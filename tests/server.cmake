@@ -7,3 +7,4 @@ drafthead_add_test(e2e_test SOURCES e2e_test.cc LIBS drafthead_api drafthead_tes
 add_dependencies(e2e_test drafthead-server drafthead-quantize)
 drafthead_add_test(ops_test SOURCES ops_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 900)
 add_dependencies(ops_test drafthead-server)
+drafthead_add_test(regions_test SOURCES regions_test.cc LIBS drafthead_regions)
