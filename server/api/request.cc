@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/numeric.h"
 
 namespace drafthead {
@@ -14,10 +15,80 @@ absl::Status Bad(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
+// Rows of hidden state (bf16 or fp32 bytes at src) into bf16 bits, refusing non-finite values.
+// Each source byte is read once (a region's owner may be writing it meanwhile).
+absl::Status DecodeHidden(const char* src, size_t elems, size_t esize, int64_t hidden,
+                          const std::string& field, std::vector<uint16_t>* x) {
+  x->resize(elems);
+  auto non_finite = [&](size_t i) {
+    return Bad(field, absl::StrCat("non-finite value at row ", i / hidden, ", column ", i % hidden));
+  };
+  if (esize == 2) {
+    std::memcpy(x->data(), src, elems * 2);
+    for (size_t i = 0; i < elems; ++i)
+      if (((*x)[i] & 0x7f80u) == 0x7f80u) return non_finite(i);
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < elems; ++i) {
+    float f;
+    std::memcpy(&f, src + i * 4, 4);
+    if (!std::isfinite(f)) return non_finite(i);
+    (*x)[i] = FloatToBf16(f);
+  }
+  return absl::OkStatus();
+}
+
+// The hidden rows from hidden_region: the slice must hold exactly rows x hidden_size x esize.
+absl::Status ReadHiddenRegion(const v1::RegionSlice& slice, const regions::RegionRegistry& regions,
+                              size_t elems, size_t esize, int64_t hidden,
+                              std::vector<uint16_t>* x) {
+  const size_t want = elems * esize;
+  if (slice.byte_size() != want)
+    return Bad("hidden_region", absl::StrCat("byte_size ", slice.byte_size(),
+                                             ", want rows x hidden_size x ", esize, " = ", want));
+  DH_ASSIGN_OR_RETURN(regions::RegionRef ref, regions.Find(slice.region(), "hidden_region"));
+  DH_ASSIGN_OR_RETURN(regions::RegionAccess access,
+                      ref.Access(slice.offset(), slice.byte_size(), "hidden_region"));
+  if (const uint8_t* host = access.host_data())
+    return DecodeHidden(reinterpret_cast<const char*>(host), elems, esize, hidden,
+                        "hidden_region", x);
+  std::string staged(want, '\0');  // device memory: one copy to the host, then decode
+  DH_RETURN_IF_ERROR(access.Read(0, staged.data(), want));
+  return DecodeHidden(staged.data(), elems, esize, hidden, "hidden_region", x);
+}
+
+// logits_region: FULL_LOGITS only, exactly rows x vocab_size x dtype, inside its region.
+absl::Status PinLogitsRegion(const v1::LogitsRequest& req, const RowTask& t, int64_t vocab,
+                             const regions::RegionRegistry& regions, LogitsDestination* dest) {
+  const v1::RegionSlice& slice = req.logits_region();
+  if (t.mode != RowMode::kFullLogits)
+    return Bad("logits_region", absl::StrCat("only FULL_LOGITS writes logits (mode is ",
+                                             v1::Mode_Name(req.mode()), ")"));
+  const size_t es = t.dtype == OutDType::kBf16 ? 2 : 4;
+  const uint64_t want = static_cast<uint64_t>(req.rows()) * vocab * es;
+  if (slice.byte_size() != want)
+    return Bad("logits_region", absl::StrCat("byte_size ", slice.byte_size(),
+                                             ", want rows x vocab_size x ", es, " = ", want));
+  DH_ASSIGN_OR_RETURN(regions::RegionRef ref, regions.Find(slice.region(), "logits_region"));
+  // Checks the slice's bounds now, so a bad one is refused before it queues.
+  DH_RETURN_IF_ERROR(ref.Access(slice.offset(), slice.byte_size(), "logits_region").status());
+  dest->region = std::move(ref);
+  dest->offset = slice.offset();
+  dest->byte_size = slice.byte_size();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
                                                const ServingLimits& limits) {
+  return PrepareRequest(req, limits, nullptr, nullptr);
+}
+
+absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
+                                               const ServingLimits& limits,
+                                               const regions::RegionRegistry* regions,
+                                               LogitsDestination* logits_dest) {
   PreparedRequest p;
   p.request_id = req.request_id();
   if (req.rows() == 0 || req.rows() > limits.max_rows)
@@ -72,29 +143,26 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
       return Bad("mode", "unsupported");
   }
 
+  if (req.has_hidden_region() || req.has_logits_region()) {
+    if (regions == nullptr || logits_dest == nullptr) return regions::SharedMemoryOff();
+    DH_RETURN_IF_ERROR(regions->CheckAnyEnabled());
+  }
+  if (req.has_logits_region())
+    DH_RETURN_IF_ERROR(PinLogitsRegion(req, t, limits.vocab_size, *regions, logits_dest));
+
   const size_t elems = static_cast<size_t>(p.rows) * limits.hidden;
   const size_t esize = req.hidden_dtype() == v1::FP32 ? 4 : 2;
+  if (req.has_hidden_region()) {
+    if (!req.hidden().empty())
+      return Bad("hidden", "must be empty when hidden_region is set");
+    DH_RETURN_IF_ERROR(
+        ReadHiddenRegion(req.hidden_region(), *regions, elems, esize, limits.hidden, &p.x));
+    return p;
+  }
   if (req.hidden().size() != elems * esize)
     return Bad("hidden", absl::StrCat("got ", req.hidden().size(), " bytes, want rows x hidden_size x ",
                                       esize, " = ", elems * esize));
-  p.x.resize(elems);
-  const char* src = req.hidden().data();
-  if (esize == 2) {
-    std::memcpy(p.x.data(), src, elems * 2);
-    for (size_t i = 0; i < elems; ++i)
-      if ((p.x[i] & 0x7f80u) == 0x7f80u)
-        return Bad("hidden", absl::StrCat("non-finite value at row ", i / limits.hidden,
-                                          ", column ", i % limits.hidden));
-  } else {
-    for (size_t i = 0; i < elems; ++i) {
-      float f;
-      std::memcpy(&f, src + i * 4, 4);
-      if (!std::isfinite(f))
-        return Bad("hidden", absl::StrCat("non-finite value at row ", i / limits.hidden,
-                                          ", column ", i % limits.hidden));
-      p.x[i] = FloatToBf16(f);
-    }
-  }
+  DH_RETURN_IF_ERROR(DecodeHidden(req.hidden().data(), elems, esize, limits.hidden, "hidden", &p.x));
   return p;
 }
 

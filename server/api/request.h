@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "drafthead/v1/drafthead.pb.h"
+#include "server/regions/region_registry.h"
 #include "server/sched/prepared_request.h"
 
 namespace drafthead {
@@ -21,8 +22,27 @@ struct ServingLimits {
   bool has_bf16 = false;
 };
 
-// INVALID_ARGUMENT naming the field for every malformed request.
+// INVALID_ARGUMENT naming the field for every malformed request. A request naming a region
+// (hidden_region, logits_region) gets FAILED_PRECONDITION naming --shared-memory here.
 absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
                                                const ServingLimits& limits);
+
+// Where a FULL_LOGITS request that named logits_region has its logits written: the region, pinned
+// from validation to completion (pinning keeps the record, not the mapping: see RegionRef), and
+// the slice, already checked against the region and against rows x vocab_size x dtype.
+struct LogitsDestination {
+  regions::RegionRef region;  // empty: the logits go in the response
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+// As above, with regions served from `regions`: hidden rows are read (and validated) from
+// hidden_region now, and a logits_region is checked and pinned into *logits_dest. The region
+// errors: kind or flag off FAILED_PRECONDITION, unknown NOT_FOUND, bad slice INVALID_ARGUMENT
+// naming the field (see server/regions/region_registry.h). Thread-safe.
+absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
+                                               const ServingLimits& limits,
+                                               const regions::RegionRegistry* regions,
+                                               LogitsDestination* logits_dest);
 
 }  // namespace drafthead

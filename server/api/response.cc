@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/shard_reduce.h"
 #include "kernels/numeric.h"
@@ -11,7 +12,7 @@ namespace drafthead {
 
 void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
                      const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
-                     v1::LogitsResponse* resp) {
+                     v1::LogitsResponse* resp, uint8_t* logits_out) {
   const RowTask& t = req.task;
   const int tp = geo.tp;
   const int64_t S = geo.shard_rows, V = geo.vocab_size;
@@ -21,14 +22,18 @@ void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLay
   if (t.mode == RowMode::kFullLogits) {
     const size_t es = t.dtype == OutDType::kBf16 ? 2 : 4;
     resp->set_logits_dtype(t.dtype == OutDType::kBf16 ? v1::BF16 : v1::FP32);
-    std::string* out = resp->mutable_logits();
-    out->resize(static_cast<size_t>(req.rows) * V * es);
+    uint8_t* out = logits_out;
+    if (out == nullptr) {
+      std::string* bytes = resp->mutable_logits();
+      bytes->resize(static_cast<size_t>(req.rows) * V * es);
+      out = reinterpret_cast<uint8_t*>(bytes->data());
+    }
     for (uint32_t i = 0; i < req.rows; ++i) {
       const size_t off = layout.row_offset[row0 + i];
       for (int r = 0; r < tp; ++r) {
         const int64_t cols = geo.ForRank(r).valid_cols();
         if (cols <= 0) continue;
-        std::memcpy(out->data() + (static_cast<size_t>(i) * V + r * S) * es,
+        std::memcpy(out + (static_cast<size_t>(i) * V + r * S) * es,
                     gathered + r * per_rank_bytes + off, cols * es);
       }
     }
@@ -58,14 +63,43 @@ void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLay
   }
 }
 
-void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
-                   v1::LogitsResponse* resp) {
-  CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
-                  *result.geometry, resp);
+namespace {
+
+void SetTiming(const BatchRowsResult& result, v1::LogitsResponse* resp) {
   auto* timing = resp->mutable_timing();
   timing->set_queue_us(result.queue_us);
   timing->set_compute_us(result.compute_us);
   timing->set_batch_rows(result.batch_rows);
+}
+
+}  // namespace
+
+void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
+                   v1::LogitsResponse* resp) {
+  CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
+                  *result.geometry, resp);
+  SetTiming(result, resp);
+}
+
+absl::Status BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
+                           const LogitsDestination& dest, v1::LogitsResponse* resp) {
+  if (!dest.region) {
+    BuildResponse(req, result, resp);
+    return absl::OkStatus();
+  }
+  // The access holds the region mapped while the rows are written; an unregister waits for it.
+  auto access = dest.region.Access(dest.offset, dest.byte_size, "logits_region");
+  if (!access.ok()) return access.status();
+  uint8_t* host = access->host_data();
+  std::vector<uint8_t> staged(host == nullptr ? dest.byte_size : 0);
+  CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
+                  *result.geometry, resp, host != nullptr ? host : staged.data());
+  if (host == nullptr) {
+    absl::Status copied = access->Write(0, staged.data(), staged.size());
+    if (!copied.ok()) return copied;
+  }
+  SetTiming(result, resp);
+  return absl::OkStatus();
 }
 
 }  // namespace drafthead

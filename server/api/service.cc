@@ -5,6 +5,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "server/api/response.h"
 
 namespace drafthead {
@@ -62,7 +63,8 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
     record(absl::UnavailableError("the rank group is not ready (weights still loading)"), nullptr);
     return;
   }
-  auto prepared = PrepareRequest(req, limits_);
+  LogitsDestination logits_dest;
+  auto prepared = PrepareRequest(req, limits_, regions_, &logits_dest);
   if (!prepared.ok()) {
     record(prepared.status(), nullptr);
     return;
@@ -72,12 +74,12 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   item.enqueued = arrived;
   item.deadline = SteadyDeadline(ctx);
   item.cancelled = [ctx] { return ctx->IsCancelled(); };
-  item.done = [req = item.req, record = std::move(record)](const absl::Status& s,
-                                                           const BatchRowsResult* result) {
+  item.done = [req = item.req, logits_dest = std::move(logits_dest),
+               record = std::move(record)](const absl::Status& s, const BatchRowsResult* result) {
     if (!s.ok() || result == nullptr) return record(s, nullptr);
     v1::LogitsResponse resp;
-    BuildResponse(*req, *result, &resp);
-    record(s, &resp);
+    const absl::Status built = BuildResponse(*req, *result, logits_dest, &resp);
+    record(built, built.ok() ? &resp : nullptr);
   };
   batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome
 }
@@ -99,6 +101,53 @@ grpc::ServerUnaryReactor* DraftHeadService::GetModelInfo(grpc::CallbackServerCon
   *resp = info_;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+namespace {
+
+absl::Status RegisterRegionStatus(regions::RegionRegistry* registry,
+                                  const v1::RegisterRegionRequest& req) {
+  if (registry == nullptr) return regions::SharedMemoryOff();
+  if (!v1::RegionKind_IsValid(req.kind()))
+    return absl::InvalidArgumentError(
+        absl::StrCat("kind: unknown value ", static_cast<int>(req.kind())));
+  regions::RegionSpec spec;
+  spec.name = req.name();
+  spec.kind = req.kind() == v1::CUDA_IPC ? regions::RegionKind::kCudaIpc
+                                         : regions::RegionKind::kSystem;
+  spec.shm_key = req.shm_key();
+  spec.cuda_ipc_handle = req.cuda_ipc_handle();
+  spec.cuda_device = req.cuda_device();
+  spec.offset = req.offset();
+  spec.byte_size = req.byte_size();
+  return registry->Register(spec);
+}
+
+absl::Status UnregisterRegionStatus(regions::RegionRegistry* registry,
+                                    const v1::UnregisterRegionRequest& req) {
+  if (registry == nullptr) return regions::SharedMemoryOff();
+  DH_RETURN_IF_ERROR(registry->CheckAnyEnabled());
+  return registry->Unregister(req.name());
+}
+
+}  // namespace
+
+// Register / unregister map and unmap on the gRPC thread: bounded work (an mmap, a CUDA IPC open;
+// an unregister waits at most regions::kUnregisterWait for a copy in progress).
+grpc::ServerUnaryReactor* DraftHeadService::RegisterRegion(grpc::CallbackServerContext* ctx,
+                                                           const v1::RegisterRegionRequest* req,
+                                                           v1::RegisterRegionResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(RegisterRegionStatus(regions_, *req)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DraftHeadService::UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                                             const v1::UnregisterRegionRequest* req,
+                                                             v1::UnregisterRegionResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(UnregisterRegionStatus(regions_, *req)));
   return reactor;
 }
 

@@ -13,6 +13,7 @@
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
 #include "server/api/request.h"
+#include "server/regions/region_registry.h"
 
 namespace drafthead {
 
@@ -21,6 +22,11 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 class DraftHeadService final : public v1::DraftHead::CallbackService {
  public:
   DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info, Metrics* metrics);
+
+  // Shared-memory regions (--shared-memory): requests may name regions of `regions`, and the
+  // Register/UnregisterRegion RPCs manage it. Call before serving; `regions` outlives the service.
+  // Without it every region RPC and field answers FAILED_PRECONDITION naming the flag.
+  void SetRegions(regions::RegionRegistry* regions) { regions_ = regions; }
 
   // Until ready, logits RPCs answer UNAVAILABLE (weights still loading) and health is NOT_SERVING.
   void SetReady(bool ready) { ready_ = ready; }
@@ -33,6 +39,12 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::ModelInfoRequest* req,
                                          v1::ModelInfo* resp) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterRegionRequest* req,
+                                           v1::RegisterRegionResponse* resp) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                             const v1::UnregisterRegionRequest* req,
+                                             v1::UnregisterRegionResponse* resp) override;
 
   // Validates and queues one request; `done` is called exactly once (possibly before Submit
   // returns) with the result.
@@ -46,6 +58,7 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   ServingLimits limits_;
   v1::ModelInfo info_;
   Metrics* metrics_;
+  regions::RegionRegistry* regions_ = nullptr;
   std::atomic<bool> ready_{false};
 };
 

@@ -48,6 +48,7 @@ ABSL_FLAG(std::string, tls_cert, "", "Server certificate (PEM) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "Server private key (PEM) for TLS");
 ABSL_FLAG(std::string, tls_client_ca, "", "CA (PEM) for client certificates: mutual TLS");
 ABSL_FLAG(std::string, restart, "no", "Launcher mode: on-failure reruns the group when it fails");
+ABSL_FLAG(std::string, shared_memory, "", "Shared-memory regions co-located callers may register: system, cuda or system,cuda (empty: off)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn or error");
 
 namespace drafthead {
@@ -178,6 +179,16 @@ absl::Status ResolveFront(ServerConfig& c) {
   } else if (c.tls.cert.empty() || c.tls.key.empty()) {
     return Bad("TLS needs both --tls-cert and --tls-key");
   }
+  auto kinds = regions::ParseSharedMemoryKinds(absl::GetFlag(FLAGS_shared_memory));
+  if (!kinds.ok()) return kinds.status();
+  c.shared_memory = *kinds;
+#if !defined(DRAFTHEAD_HAVE_CUDA)
+  if (c.shared_memory.cuda)
+    return absl::UnimplementedError("--shared-memory=cuda: this build has no CUDA");
+#endif
+  // CUDA regions are opened on rank 0's GPU (the backend's rule: --devices, else the local rank).
+  c.shared_memory.cuda_device =
+      c.backend_options.device >= 0 ? c.backend_options.device : c.local_rank;
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") c.log_level = LogLevel::kDebug;
   else if (level == "info") c.log_level = LogLevel::kInfo;

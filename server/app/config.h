@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "server/backends/compute_backend.h"
 #include "server/engine/rank_engine.h"
+#include "server/regions/region_registry.h"
 #include "server/sched/batcher.h"
 #include "server/weights/shard_weights.h"
 
@@ -54,6 +55,7 @@ struct ServerConfig {
   TlsFiles tls;
   BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
   uint32_t max_top_k = 256;
+  regions::RegistryOptions shared_memory;  // --shared-memory (both kinds off by default)
   absl::Duration drain_grace = absl::ZeroDuration();
   absl::Duration drain_timeout = absl::Seconds(30);
 

@@ -55,6 +55,8 @@ v1::ModelInfo MakeModelInfo(const ServerConfig& c, const ModelLayout& m) {
   if (keep_bf16) info.add_heads(v1::BF16_EXACT);
   info.set_weights(m.shape.source + (c.weights.twin.empty() ? "" : " + twin " + c.weights.twin));
   info.set_version(kVersion);
+  if (c.shared_memory.system) info.add_shared_memory(v1::SYSTEM);
+  if (c.shared_memory.cuda) info.add_shared_memory(v1::CUDA_IPC);
   return info;
 }
 
@@ -75,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
     f->metrics_server = std::move(*ms);
     Log(LogLevel::kInfo, "metrics_listening", "port", f->metrics_server->port());
   }
+  f->regions = std::make_unique<regions::RegionRegistry>(c.shared_memory);
   f->batcher = std::make_unique<Batcher>(c.batcher);
   ServingLimits limits;
   limits.hidden = m.geo.hidden;
@@ -84,7 +87,9 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   limits.has_bf16 = c.backend_options.keep_bf16;
   const v1::ModelInfo info = MakeModelInfo(c, m);
   f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get());
-  f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name));
+  f->service->SetRegions(f->regions.get());
+  f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name),
+                                              f->regions.get());
 
   auto creds = ServerCredentials(c.tls);
   if (!creds.ok()) return StepFailed("bad_flags", creds.status());

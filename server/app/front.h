@@ -39,6 +39,7 @@ inline absl::Status StepFailed(std::string_view event, absl::Status s) {
 struct Front {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;  // null without --metrics-listen
+  std::unique_ptr<regions::RegionRegistry> regions;  // outlives the service and every request
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<DraftHeadService> service;
   HealthService health;

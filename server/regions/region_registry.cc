@@ -14,6 +14,12 @@ const char* RegionKindName(RegionKind kind) {
   return kind == RegionKind::kSystem ? "system" : "cuda";
 }
 
+absl::Status SharedMemoryOff() {
+  return absl::FailedPreconditionError(
+      "shared-memory regions are off: start the server with --shared-memory=system,cuda (or one "
+      "of them)");
+}
+
 absl::StatusOr<RegistryOptions> ParseSharedMemoryKinds(absl::string_view value) {
   RegistryOptions o;
   for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
@@ -163,6 +169,7 @@ absl::Status RegionRegistry::CheckEnabled(RegionKind kind) const {
   std::vector<std::string> kinds;
   if (options_.system) kinds.push_back("system");
   if (options_.cuda) kinds.push_back("cuda");
+  if (kinds.empty()) return SharedMemoryOff();
   return absl::FailedPreconditionError(absl::StrCat(
       RegionKindName(kind), " shared-memory regions are off: start the server with "
       "--shared-memory=", RegionKindName(kind), " (it runs with --shared-memory=",
@@ -170,9 +177,7 @@ absl::Status RegionRegistry::CheckEnabled(RegionKind kind) const {
 }
 
 absl::Status RegionRegistry::CheckAnyEnabled() const {
-  if (any_enabled()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      "shared-memory regions are off: start the server with --shared-memory=system,cuda (or one)");
+  return any_enabled() ? absl::OkStatus() : SharedMemoryOff();
 }
 
 absl::Status RegionRegistry::Register(const RegionSpec& spec) {

@@ -70,6 +70,9 @@ struct RegistryOptions {
   int cuda_device = 0;  // rank 0's GPU ordinal
 };
 
+// FAILED_PRECONDITION: regions are off, start the server with --shared-memory.
+absl::Status SharedMemoryOff();
+
 // Parses --shared-memory's value: "", "system", "cuda" or "system,cuda" (any order).
 absl::StatusOr<RegistryOptions> ParseSharedMemoryKinds(absl::string_view value);
 
