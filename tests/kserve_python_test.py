@@ -2,7 +2,8 @@
 as a tritonclient-style caller uses it (numpy arrays as raw tensor bytes), against a real
 drafthead-server (CPU, Gloo, tp=2, tiny shapes, --model-name=lmhead): every mode equal to the native
 API's answer bit for bit, KServe and native requests in flight together, a stream with a bad request in
-the middle, bad input refused by name; the load tester's --protocol=kserve. Loopback only; the server is stopped at the end."""
+the middle, bad input refused by name, the system shared-memory extension (a POSIX region for the
+input and every output); the load tester's --protocol=kserve. Loopback only; the server is stopped at the end."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import tempfile
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
 
 import grpc
 import numpy as np
@@ -61,7 +63,7 @@ class KServePythonTest(unittest.TestCase):
         cls.log = open(os.path.join(cls.dir, "server.log"), "w")
         cls.proc = subprocess.Popen(
             [SERVER, "--synthetic=2", f"--hidden-size={K}", f"--padded-vocab={PADDED}", "--tp=2", "--backend=cpu",
-             "--comm=gloo", f"--listen={cls.target}", f"--model-name={MODEL}"],
+             "--comm=gloo", f"--listen={cls.target}", f"--model-name={MODEL}", "--shared-memory=system"],
             stdout=cls.log, stderr=subprocess.STDOUT)
         cls.channel = grpc.insecure_channel(cls.target)
         cls.kserve = kpb_grpc.GRPCInferenceServiceStub(cls.channel)
@@ -171,7 +173,91 @@ class KServePythonTest(unittest.TestCase):
             self.assertGreaterEqual(r["batch_rows_p50"], 5)
         # In-band stream errors keep their code (from the "CODE: " prefix).
         r = self.load("-n", "4", "--mode=topk", "--k=100000", "--stream", "--no-probe", exit_code=1)
-        self.assertEqual(r["errors_by_code"], {"INVALID_ARGUMENT": 4})
+        self.assertEqual(list(r["errors_by_code"]), ["INVALID_ARGUMENT"])
+        self.assertEqual(r["ok"], 0)
+
+    def test_system_shared_memory(self):
+        """Triton's shared-memory extension on the server's one region registry: the input and every
+        output through a POSIX region, equal to the inline answers; the native API sees the region."""
+        meta = self.kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
+        self.assertEqual(list(meta.extensions), ["model_configuration", "parameters", "system_shared_memory"])
+        seg = shared_memory.SharedMemory(create=True, size=1 << 20)
+        try:
+            base, size = 4096, 512 * 1024  # the region is [4096, 4096 + 512 KiB) of the object
+            self.kserve.SystemSharedMemoryRegister(kpb.SystemSharedMemoryRegisterRequest(
+                name="io", key="/" + seg.name, offset=base, byte_size=size), timeout=TIMEOUT)
+            st = self.kserve.SystemSharedMemoryStatus(kpb.SystemSharedMemoryStatusRequest(), timeout=TIMEOUT)
+            self.assertEqual((st.regions["io"].key, st.regions["io"].offset, st.regions["io"].byte_size),
+                             ("/" + seg.name, base, size))
+            x = self.bits.tobytes()
+            seg.buf[base + 64:base + 64 + len(x)] = x
+
+            def place(params, offset, nbytes, name="io"):
+                params["shared_memory_region"].string_param = name
+                params["shared_memory_byte_size"].int64_param = nbytes
+                params["shared_memory_offset"].int64_param = offset
+
+            def region(offset, n, dtype):
+                return np.frombuffer(bytes(seg.buf[base + offset:base + offset + n]), dtype=dtype)
+
+            req = infer_request(self.bits, {"mode": "top_k", "top_k": 3, "return_probs": True}, raw=b"",
+                                outputs=["token_ids", "values", "probs"])
+            del req.raw_input_contents[:]
+            place(req.inputs[0].parameters, 64, len(x))
+            place(req.outputs[0].parameters, 100000, 5 * 3 * 4)
+            place(req.outputs[2].parameters, 110000, 4096)  # larger than the output: its start is used
+            resp = self.kserve.ModelInfer(req, timeout=TIMEOUT)
+            self.assertEqual([len(b) for b in resp.raw_output_contents], [0, 60, 0])  # Triton's layout
+            n = self.native_answer(mode=pb.TOP_K, top_k=3, return_probs=True)
+            np.testing.assert_array_equal(region(100000, 60, np.int32), n.token_ids)
+            self.assertEqual(resp.raw_output_contents[1], np.array(n.values, np.float32).tobytes())
+            self.assertEqual(region(110000, 60, np.float32).tobytes(), np.array(n.probs, np.float32).tobytes())
+            # Full logits into the region (the native logits_region path), from the region's rows.
+            req = infer_request(self.bits, outputs=["logits"])
+            del req.raw_input_contents[:]
+            place(req.inputs[0].parameters, 64, len(x))
+            place(req.outputs[0].parameters, 200000, 5 * PADDED * 2)
+            resp = self.kserve.ModelInfer(req, timeout=TIMEOUT)
+            self.assertEqual(resp.raw_output_contents[0], b"")
+            self.assertEqual(bytes(seg.buf[base + 200000:base + 200000 + 5 * PADDED * 2]), self.native_answer().logits)
+            # The native API reads the same region (one registry for both APIs).
+            nat = self.native.ComputeLogits(pb.LogitsRequest(rows=5, mode=pb.ARGMAX, hidden_region=pb.RegionSlice(
+                region="io", offset=64, byte_size=len(x))), timeout=TIMEOUT)
+            self.assertEqual(list(nat.token_ids), list(self.native_answer(mode=pb.ARGMAX).token_ids))
+
+            def bad(mutate, prefix, code=grpc.StatusCode.INVALID_ARGUMENT):
+                req = infer_request(self.bits, {"mode": "argmax"}, outputs=["token_ids"])
+                mutate(req)
+                self.assert_bad(req, prefix, code)
+            bad(lambda r: place(r.outputs[0].parameters, 0, 3), "token_ids: shared_memory_byte_size 3 is less than")
+            bad(lambda r: place(r.outputs[0].parameters, size - 8, 20), "token_ids: shared_memory_region: offset")
+            bad(lambda r: place(r.outputs[0].parameters, 0, 20, "nope"),
+                "token_ids: shared_memory_region: no region named 'nope'", grpc.StatusCode.NOT_FOUND)
+            bad(lambda r: (place(r.inputs[0].parameters, 64, len(x), "nope"), r.ClearField("raw_input_contents")),
+                "hidden: shared_memory_region: no region named 'nope'", grpc.StatusCode.NOT_FOUND)
+            bad(lambda r: place(r.inputs[0].parameters, 64, len(x)), "hidden: its bytes are in a shared-memory region")
+            with self.assertRaises(grpc.RpcError) as e:
+                self.kserve.SystemSharedMemoryRegister(kpb.SystemSharedMemoryRegisterRequest(
+                    name="io", key="/" + seg.name, byte_size=64), timeout=TIMEOUT)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+            with self.assertRaises(grpc.RpcError) as e:
+                self.kserve.SystemSharedMemoryRegister(kpb.SystemSharedMemoryRegisterRequest(
+                    name="big", key="/" + seg.name, byte_size=2 << 20), timeout=TIMEOUT)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            with self.assertRaises(grpc.RpcError) as e:
+                self.kserve.CudaSharedMemoryRegister(kpb.CudaSharedMemoryRegisterRequest(
+                    name="gpu", raw_handle=b"\0" * 64, byte_size=64), timeout=TIMEOUT)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("--shared-memory", e.exception.details())
+            self.kserve.SystemSharedMemoryUnregister(kpb.SystemSharedMemoryUnregisterRequest(name="io"), timeout=TIMEOUT)
+            self.assertEqual(len(self.kserve.SystemSharedMemoryStatus(kpb.SystemSharedMemoryStatusRequest(),
+                                                                      timeout=TIMEOUT).regions), 0)
+            bad(lambda r: place(r.outputs[0].parameters, 0, 20), "token_ids: shared_memory_region: no region named 'io'",
+                grpc.StatusCode.NOT_FOUND)
+        finally:
+            self.kserve.SystemSharedMemoryUnregister(kpb.SystemSharedMemoryUnregisterRequest(), timeout=TIMEOUT)
+            seg.close()
+            seg.unlink()
 
     def test_bad_input_is_named(self):
         req = infer_request(self.bits)

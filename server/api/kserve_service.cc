@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/api/kserve_shm.h"
 
 namespace drafthead {
 namespace {
@@ -17,14 +18,30 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
+std::vector<std::string> Extensions(const regions::RegionRegistry* regions) {
+  std::vector<std::string> e = {"model_configuration", "parameters"};
+  if (regions != nullptr)
+    for (std::string& kind : kserve::SharedMemoryExtensions(*regions)) e.push_back(std::move(kind));
+  return e;
+}
+
+// Answers a shared-memory RPC: FAILED_PRECONDITION without a registry, else `rpc`'s status.
+template <typename Rpc>
+grpc::ServerUnaryReactor* WithRegions(grpc::CallbackServerContext* ctx, regions::RegionRegistry* regions,
+                                      Rpc rpc) {
+  if (regions == nullptr) return Answer(ctx, regions::SharedMemoryOff());
+  return Answer(ctx, rpc(*regions));
+}
+
 }  // namespace
 
 KServeService::KServeService(DraftHeadService& native, const HealthService& health,
-                             kserve::ModelDescription model)
+                             kserve::ModelDescription model, regions::RegionRegistry* regions)
     : native_(native),
       health_(health),
       model_(std::move(model)),
-      extensions_({"model_configuration", "parameters"}) {}
+      regions_(regions),
+      extensions_(Extensions(regions)) {}
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(grpc::CallbackServerContext* ctx,
                                                     const inference::ServerLiveRequest*,
@@ -75,13 +92,15 @@ void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::Mod
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done) {
   auto translated = kserve::TranslateRequest(req, model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
+  if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
   auto t = std::make_shared<const kserve::TranslatedRequest>(std::move(translated).value());
   native_.Submit(ctx, t->native, [this, t, done = std::move(done)](const absl::Status& s,
                                                                    v1::LogitsResponse* native) {
-    if (!s.ok() || native == nullptr) return done(s, nullptr);
+    if (!s.ok() || native == nullptr) return done(kserve::InTensorTerms(s), nullptr);
     inference::ModelInferResponse resp;
     kserve::TranslateResponse(*t, model_, *native, &resp);
-    done(s, &resp);
+    const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
+    done(written, written.ok() ? &resp : nullptr);
   });
 }
 
@@ -200,6 +219,54 @@ class KServeService::StreamReactor
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
 KServeService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
   return new StreamReactor(this, ctx);
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) { return kserve::RegisterSystem(r, *req); });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) {
+    return kserve::Unregister(r, req->name(), regions::RegionKind::kSystem);
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+    inference::SystemSharedMemoryStatusResponse* resp) {
+  return WithRegions(ctx, regions_, [req, resp](auto& r) {
+    auto status = kserve::SystemStatus(r, req->name());
+    if (status.ok()) *resp = std::move(status).value();
+    return status.status();
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest* req,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) { return kserve::RegisterCuda(r, *req); });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest* req,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) {
+    return kserve::Unregister(r, req->name(), regions::RegionKind::kCudaIpc);
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryStatusRequest* req,
+    inference::CudaSharedMemoryStatusResponse* resp) {
+  return WithRegions(ctx, regions_, [req, resp](auto& r) {
+    auto status = kserve::CudaStatus(r, req->name());
+    if (status.ok()) *resp = std::move(status).value();
+    return status.status();
+  });
 }
 
 }  // namespace drafthead

@@ -8,8 +8,13 @@
 // its shard); ModelInfer before that is UNAVAILABLE, as ComputeLogits is. ServerLive is always
 // true (the process answers).
 //
-// Threads: gRPC's callback threads; no handler blocks; completions run where the native ones do.
-// Lifetime: `native` and `health` outlive this; this outlives the gRPC server.
+// Shared memory (Triton's extension, kserve_shm.h): on the server's region registry, the one the
+// native API's regions use; without one (or with a kind off) the RPCs and tensor parameters answer
+// FAILED_PRECONDITION naming --shared-memory, and ServerMetadata does not list the extension.
+//
+// Threads: gRPC's callback threads; no handler blocks (Unregister waits, bounded, for a copy in
+// progress); completions run where the native ones do.
+// Lifetime: `native`, `health` and `regions` outlive this; this outlives the gRPC server.
 #pragma once
 
 #include <string>
@@ -19,12 +24,15 @@
 #include "server/api/health.h"
 #include "server/api/kserve_translate.h"
 #include "server/api/service.h"
+#include "server/regions/region_registry.h"
 
 namespace drafthead {
 
 class KServeService final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KServeService(DraftHeadService& native, const HealthService& health, kserve::ModelDescription model);
+  // `regions` may be null (no shared memory).
+  KServeService(DraftHeadService& native, const HealthService& health, kserve::ModelDescription model,
+                regions::RegionRegistry* regions);
 
   // The protocol extensions this service implements (ServerMetadata.extensions).
   const std::vector<std::string>& extensions() const { return extensions_; }
@@ -56,6 +64,25 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
 
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext* ctx,
+                                                       const inference::SystemSharedMemoryRegisterRequest* req,
+                                                       inference::SystemSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(grpc::CallbackServerContext* ctx,
+                                                         const inference::SystemSharedMemoryUnregisterRequest* req,
+                                                         inference::SystemSharedMemoryUnregisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                     const inference::SystemSharedMemoryStatusRequest* req,
+                                                     inference::SystemSharedMemoryStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(grpc::CallbackServerContext* ctx,
+                                                     const inference::CudaSharedMemoryRegisterRequest* req,
+                                                     inference::CudaSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext* ctx,
+                                                       const inference::CudaSharedMemoryUnregisterRequest* req,
+                                                       inference::CudaSharedMemoryUnregisterResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                   const inference::CudaSharedMemoryStatusRequest* req,
+                                                   inference::CudaSharedMemoryStatusResponse* resp) override;
+
  private:
   class StreamReactor;
 
@@ -67,6 +94,7 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   DraftHeadService& native_;
   const HealthService& health_;
   const kserve::ModelDescription model_;
+  regions::RegionRegistry* const regions_;
   const std::vector<std::string> extensions_;
 };
 

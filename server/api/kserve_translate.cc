@@ -4,6 +4,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -106,8 +107,54 @@ absl::Status ApplyParameter(const std::string& name, const InferParameter& p,
   return absl::OkStatus();
 }
 
+// A tensor's parameters: none, or Triton's shared-memory placement (region and byte size, an
+// optional offset); anything else is refused, naming the tensor.
+absl::StatusOr<std::optional<SharedMemorySlice>> ParseSharedMemory(
+    const std::string& tensor, const google::protobuf::Map<std::string, InferParameter>& params) {
+  if (params.empty()) return std::nullopt;
+  SharedMemorySlice slice;
+  bool has_region = false, has_size = false;
+  for (const auto& [name, p] : params) {
+    const std::string what = absl::StrCat(tensor, ": ", name);
+    if (name == "shared_memory_region") {
+      if (p.parameter_choice_case() != InferParameter::kStringParam) return WrongKind(what, p, "a string_param");
+      slice.region = p.string_param();
+      has_region = true;
+    } else if (name == "shared_memory_byte_size" || name == "shared_memory_offset") {
+      auto v = Unsigned(what, p);
+      if (!v.ok()) return v.status();
+      (name == "shared_memory_offset" ? slice.offset : slice.byte_size) = *v;
+      has_size |= name == "shared_memory_byte_size";
+    } else {
+      return Bad(tensor, absl::StrCat("unknown tensor parameter '", name, "'"));
+    }
+  }
+  if (!has_region || !has_size)
+    return Bad(tensor, "shared memory needs both shared_memory_region and shared_memory_byte_size");
+  return slice;
+}
+
+// The native region slice: the first `bytes` of the caller's slice.
+void SetSlice(const SharedMemorySlice& slice, uint64_t bytes, v1::RegionSlice* out) {
+  out->set_region(slice.region);
+  out->set_offset(slice.offset);
+  out->set_byte_size(bytes);
+}
+
+// The bytes the request's mode makes of output `name` (0: the mode does not make it).
+uint64_t OutputBytes(const std::string& name, const v1::LogitsRequest& r, const ModelDescription& model) {
+  const uint64_t rows = r.rows();
+  if (r.mode() == v1::FULL_LOGITS)
+    return name == "logits" ? rows * model.vocab_size * (r.logits_dtype() == v1::FP32 ? 4 : 2) : 0;
+  const uint64_t k = r.mode() == v1::TOP_K ? r.top_k() : 1;
+  if (name == "token_ids" || name == "values" || (name == "probs" && r.mode() == v1::TOP_K && r.return_probs()))
+    return rows * k * 4;
+  return 0;
+}
+
 absl::Status TranslateInput(const inference::ModelInferRequest& req, const ModelDescription& model,
-                            v1::LogitsRequest* r) {
+                            TranslatedRequest* t) {
+  v1::LogitsRequest* r = &t->native;
   if (req.inputs_size() != 1)
     return Bad("inputs", absl::StrCat("want exactly one input tensor, ", kInput, "; got ", req.inputs_size()));
   const auto& in = req.inputs(0);
@@ -127,33 +174,52 @@ absl::Status TranslateInput(const inference::ModelInferRequest& req, const Model
       in.shape(0) > model.max_rows)
     return Bad(kInput, absl::StrCat("shape [", absl::StrJoin(in.shape(), ", "), "]: want [rows, ",
                                     model.hidden_size, "] with rows in 1..", model.max_rows));
-  if (!in.parameters().empty())
-    return Bad(kInput, absl::StrCat("unknown tensor parameter '", in.parameters().begin()->first, "'"));
   if (in.has_contents())
     return Bad(kInput, "typed contents are not read: send the bytes in raw_input_contents");
+  auto shm = ParseSharedMemory(kInput, in.parameters());
+  if (!shm.ok()) return shm.status();
+  const size_t want = static_cast<size_t>(in.shape(0)) * model.hidden_size * esize;
+  const std::string tensor_bytes = absl::StrCat("shape [", in.shape(0), ", ", model.hidden_size,
+                                                "] of ", in.datatype(), " is ", want, " bytes");
+  r->set_rows(static_cast<uint32_t>(in.shape(0)));
+  if (shm->has_value()) {
+    if (req.raw_input_contents_size() != 0)
+      return Bad(kInput, "its bytes are in a shared-memory region: raw_input_contents must be empty");
+    if ((*shm)->byte_size != want)
+      return Bad(kInput, absl::StrCat("shared_memory_byte_size ", (*shm)->byte_size, "; ", tensor_bytes));
+    SetSlice(**shm, want, r->mutable_hidden_region());
+    return absl::OkStatus();
+  }
   if (req.raw_input_contents_size() != 1)
     return Bad(kInput, absl::StrCat("want its bytes in raw_input_contents[0], the one entry; got ",
                                     req.raw_input_contents_size(), " entries"));
   const std::string& raw = req.raw_input_contents(0);
-  const size_t want = static_cast<size_t>(in.shape(0)) * model.hidden_size * esize;
   if (raw.size() != want)
-    return Bad(kInput, absl::StrCat("raw_input_contents[0] holds ", raw.size(), " bytes; shape [",
-                                    in.shape(0), ", ", model.hidden_size, "] of ", in.datatype(),
-                                    " is ", want));
-  r->set_rows(static_cast<uint32_t>(in.shape(0)));
+    return Bad(kInput, absl::StrCat("raw_input_contents[0] holds ", raw.size(), " bytes; ", tensor_bytes));
   r->set_hidden(raw);
   return absl::OkStatus();
 }
 
-absl::Status TranslateOutputs(const inference::ModelInferRequest& req, TranslatedRequest* t) {
+absl::Status TranslateOutputs(const inference::ModelInferRequest& req, const ModelDescription& model,
+                              TranslatedRequest* t) {
   for (const auto& o : req.outputs()) {
     if (std::find(std::begin(kOutputs), std::end(kOutputs), o.name()) == std::end(kOutputs))
       return Bad("outputs", absl::StrCat("unknown output '", o.name(), "' (the model's outputs: ",
                                          absl::StrJoin(kOutputs, ", "), ")"));
     if (std::find(t->outputs.begin(), t->outputs.end(), o.name()) != t->outputs.end())
       return Bad("outputs", absl::StrCat("'", o.name(), "' is requested twice"));
-    if (!o.parameters().empty())
-      return Bad(o.name(), absl::StrCat("unknown output parameter '", o.parameters().begin()->first, "'"));
+    auto shm = ParseSharedMemory(o.name(), o.parameters());
+    if (!shm.ok()) return shm.status();
+    const uint64_t bytes = OutputBytes(o.name(), t->native, model);
+    if (shm->has_value() && (*shm)->byte_size < bytes)
+      return Bad(o.name(), absl::StrCat("shared_memory_byte_size ", (*shm)->byte_size,
+                                        " is less than the output's ", bytes, " bytes"));
+    if (shm->has_value() && bytes > 0) {
+      if (o.name() == "logits")
+        SetSlice(**shm, bytes, t->native.mutable_logits_region());
+      else
+        t->output_shm[o.name()] = **shm;
+    }
     t->outputs.push_back(o.name());
   }
   return absl::OkStatus();
@@ -221,14 +287,14 @@ absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRe
   if (absl::Status s = CheckModel(model, req.model_name(), req.model_version()); !s.ok()) return s;
   TranslatedRequest t;
   t.id = req.id();
-  if (absl::Status s = TranslateInput(req, model, &t.native); !s.ok()) return s;
+  if (absl::Status s = TranslateInput(req, model, &t); !s.ok()) return s;
   // Sorted, so that of two bad parameters the same one is named every time.
   std::vector<std::string> names;
   for (const auto& [name, value] : req.parameters()) names.push_back(name);
   std::sort(names.begin(), names.end());
   for (const std::string& name : names)
     if (absl::Status s = ApplyParameter(name, req.parameters().at(name), model, &t.native); !s.ok()) return s;
-  if (absl::Status s = TranslateOutputs(req, &t); !s.ok()) return s;
+  if (absl::Status s = TranslateOutputs(req, model, &t); !s.ok()) return s;
   return t;
 }
 

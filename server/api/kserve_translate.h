@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,15 +44,30 @@ ModelDescription DescribeModel(const v1::ModelInfo& info, std::string name);
 absl::Status CheckModel(const ModelDescription& model, const std::string& name,
                         const std::string& version);
 
-// A ModelInferRequest as the native request, with what the answer must carry back.
+// A tensor placed in a shared-memory region (Triton's tensor parameters shared_memory_region,
+// shared_memory_byte_size, shared_memory_offset).
+struct SharedMemorySlice {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+// A ModelInferRequest as the native request, with what the answer must carry back. The input in
+// shared memory becomes the native hidden_region, `logits` in shared memory the native
+// logits_region (its first rows x vocab x dtype bytes), so the native path reads and writes them;
+// the reductions' outputs in shared memory (which the native API returns inline) are written by
+// kserve_shm.h.
 struct TranslatedRequest {
   v1::LogitsRequest native;
   std::string id;                    // echoed
   std::vector<std::string> outputs;  // the requested outputs in order; empty: all the mode makes
+  std::map<std::string, SharedMemorySlice> output_shm;  // token_ids / values / probs, by name
 };
 
 // Checks the model, the input tensor, the parameters and the requested outputs; the limits that
 // the native API checks (rows, top_k, temperature, finiteness, ...) are left to its validation.
+// Shared-memory parameters are checked for form and size here (the input's byte size must be the
+// tensor's, an output's at least the output's); the regions themselves where they are used.
 absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRequest& req,
                                                    const ModelDescription& model);
 
