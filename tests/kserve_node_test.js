@@ -257,6 +257,19 @@ async function main() {
                      rows, 'stream c');
     assert.equal(answers.get('a').error_message, '');
 
+    // ---- the shared-memory RPCs, with --shared-memory off: refused naming the flag.
+    for (const rpc of ['SystemSharedMemoryStatus', 'SystemSharedMemoryRegister', 'SystemSharedMemoryUnregister',
+                       'CudaSharedMemoryStatus', 'CudaSharedMemoryRegister', 'CudaSharedMemoryUnregister']) {
+      const {err} = await call(kserve, rpc, {name: 'r', key: '/r', byte_size: '64'});
+      assert.equal(err && err.code, grpc.status.FAILED_PRECONDITION, rpc);
+      assert.ok(err.details.includes('--shared-memory'), `${rpc}: ${err.details}`);
+    }
+    const inShm = bad({});
+    inShm.raw_input_contents = [];
+    inShm.inputs[0].parameters = {shared_memory_region: param.s('r'), shared_memory_byte_size: param.i(rows * K * 2)};
+    const off = await call(kserve, 'ModelInfer', inShm);
+    assert.equal(off.err && off.err.code, grpc.status.FAILED_PRECONDITION);
+
     // Still serving after all that.
     await ok(kserve, 'ModelInfer', inferRequest({rows: 1, hidden: hiddenBf16(1, 2)}));
     console.log(`kserve_node_test: OK (grpc-js ${require('@grpc/grpc-js/package.json').version})`);

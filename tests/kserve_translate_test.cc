@@ -121,6 +121,63 @@ TEST(KServeTranslateTest, RefusesByName) {
   ExpectBad(r, "mode: unknown value 'beam' (one of full_logits, top_k, argmax, sample)");
 }
 
+void Place(google::protobuf::Map<std::string, inference::InferParameter>* p, const std::string& region,
+           int64_t offset, int64_t byte_size) {
+  (*p)["shared_memory_region"].set_string_param(region);
+  (*p)["shared_memory_byte_size"].set_int64_param(byte_size);
+  (*p)["shared_memory_offset"].set_uint64_param(offset);
+}
+
+TEST(KServeTranslateTest, SharedMemoryBecomesNativeRegionsOrKServeWrites) {
+  auto r = Request(2);
+  r.clear_raw_input_contents();
+  Place(r.mutable_inputs(0)->mutable_parameters(), "in", 8, 32);
+  r.add_outputs()->set_name("logits");
+  Place(r.mutable_outputs(0)->mutable_parameters(), "out", 64, 1000);  // more than the 400 needed
+  auto t = TranslateRequest(r, Model());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->native.hidden().empty());
+  EXPECT_EQ(t->native.hidden_region().region(), "in");
+  EXPECT_EQ(t->native.hidden_region().offset(), 8u);
+  EXPECT_EQ(t->native.hidden_region().byte_size(), 32u);
+  EXPECT_EQ(t->native.logits_region().region(), "out");
+  EXPECT_EQ(t->native.logits_region().byte_size(), 2u * 100 * 2);  // the slice's start
+  EXPECT_TRUE(t->output_shm.empty());
+
+  // Reductions' outputs are not native regions: the KServe layer writes them.
+  r = Request(2);
+  (*r.mutable_parameters())["mode"].set_string_param("argmax");
+  r.add_outputs()->set_name("values");
+  Place(r.mutable_outputs(0)->mutable_parameters(), "out", 0, 8);
+  t = TranslateRequest(r, Model());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->native.has_logits_region());
+  ASSERT_EQ(t->output_shm.count("values"), 1u);
+  EXPECT_EQ(t->output_shm.at("values").byte_size, 8u);
+
+  r = Request(2);
+  Place(r.mutable_inputs(0)->mutable_parameters(), "in", 0, 32);
+  ExpectBad(r, "hidden: its bytes are in a shared-memory region");  // and in raw_input_contents
+  r = Request(2);
+  r.clear_raw_input_contents();
+  Place(r.mutable_inputs(0)->mutable_parameters(), "in", 0, 30);
+  ExpectBad(r, "hidden: shared_memory_byte_size 30; shape [2, 8] of BF16 is 32 bytes");
+  r = Request(2);
+  (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_region"].set_string_param("in");
+  ExpectBad(r, "hidden: shared memory needs both");
+  r = Request(2);
+  r.clear_raw_input_contents();
+  Place(r.mutable_inputs(0)->mutable_parameters(), "in", 0, 32);
+  (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_offset"].set_int64_param(-1);
+  ExpectBad(r, "hidden: shared_memory_offset: -1 is negative");
+  r = Request(2);
+  (*r.mutable_parameters())["mode"].set_string_param("top_k");
+  (*r.mutable_parameters())["top_k"].set_int64_param(4);
+  r.add_outputs()->set_name("token_ids");
+  Place(r.mutable_outputs(0)->mutable_parameters(), "out", 0, 31);
+  ExpectBad(r, "token_ids: shared_memory_byte_size 31 is less than the output's 32 bytes");
+}
+
 TEST(KServeTranslateTest, ResponseCarriesTheNativeAnswer) {
   auto r = Request(2);
   (*r.mutable_parameters())["mode"].set_string_param("top_k");
