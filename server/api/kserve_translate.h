@@ -5,7 +5,8 @@
 // Pure functions, no threads.
 //
 // The mapping (docs/client.md has it for callers):
-//   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0])  -> rows, hidden, hidden_dtype
+//   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0] or a shared-memory region)
+//     -> rows, hidden (or hidden_region), hidden_dtype
 //   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields
 //   outputs: full_logits -> `logits` ([rows, vocab], BF16 | FP32); otherwise `token_ids` (INT32
 //   [rows, k]), `values` (FP32) and, with return_probs, `probs` (FP32).
