@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/numeric.h"
 
@@ -111,27 +112,35 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
 
 // ---- results ----------------------------------------------------------------------------------
 
+std::string_view LogitsResult::bytes() const {
+  if (in_region == nullptr) return data;
+  return {reinterpret_cast<const char*>(in_region),
+          static_cast<size_t>(rows) * vocab_size * DTypeSize(dtype)};
+}
+
 float LogitsResult::At(uint32_t row, uint32_t col) const {
   const size_t i = static_cast<size_t>(row) * vocab_size + col;
+  const char* src = bytes().data();
   if (dtype == v1::FP32) {
     float f;
-    std::memcpy(&f, data.data() + 4 * i, 4);
+    std::memcpy(&f, src + 4 * i, 4);
     return f;
   }
   uint16_t b;
-  std::memcpy(&b, data.data() + 2 * i, 2);
+  std::memcpy(&b, src + 2 * i, 2);
   return Bf16ToFloat(b);
 }
 
 std::vector<float> LogitsResult::ToFloat() const {
   const size_t n = static_cast<size_t>(rows) * vocab_size;
   std::vector<float> out(n);
+  const char* src = bytes().data();
   if (dtype == v1::FP32) {
-    std::memcpy(out.data(), data.data(), 4 * n);
+    std::memcpy(out.data(), src, 4 * n);
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint16_t b;
-      std::memcpy(&b, data.data() + 2 * i, 2);
+      std::memcpy(&b, src + 2 * i, 2);
       out[i] = Bf16ToFloat(b);
     }
   }
@@ -142,13 +151,18 @@ v1::LogitsRequest BuildRequest(v1::Mode mode, const HiddenRows& hidden, const Re
   v1::LogitsRequest r;
   r.set_request_id(o.request_id);
   r.set_rows(hidden.rows);
-  r.set_hidden(hidden.bytes.data(), hidden.bytes.size());
+  if (hidden.region.region().empty()) {
+    r.set_hidden(hidden.bytes.data(), hidden.bytes.size());
+  } else {
+    *r.mutable_hidden_region() = hidden.region;
+  }
   r.set_hidden_dtype(hidden.dtype);
   r.set_mode(mode);
   r.set_head(o.head);
   switch (mode) {
     case v1::FULL_LOGITS:
       r.set_logits_dtype(o.logits_dtype);
+      if (!o.logits_region.slice.region().empty()) *r.mutable_logits_region() = o.logits_region.slice;
       break;
     case v1::TOP_K:
       r.set_top_k(o.k);
@@ -177,6 +191,14 @@ absl::StatusOr<LogitsResult> ToLogitsResult(const v1::LogitsRequest& req, v1::Lo
   }
   if (out.dtype != req.logits_dtype()) return absl::InternalError("malformed response: logits_dtype differs from the request's");
   const size_t want = static_cast<size_t>(out.rows) * out.vocab_size * DTypeSize(out.dtype);
+  if (req.has_logits_region()) {  // written into the region: nothing in the response
+    if (!resp.logits().empty() || req.logits_region().byte_size() != want)
+      return absl::InternalError(absl::StrCat("malformed response: logits_region of ",
+                                              req.logits_region().byte_size(), " bytes for ", out.rows,
+                                              " x ", out.vocab_size, " logits, ", resp.logits().size(),
+                                              " bytes in the response"));
+    return out;
+  }
   if (resp.logits().size() != want) {
     return absl::InternalError(absl::StrCat("malformed response: logits has ", resp.logits().size(), " bytes, expected ",
                                             out.rows, " x ", out.vocab_size, " x ", DTypeSize(out.dtype)));
@@ -296,20 +318,47 @@ absl::Time DraftHeadClient::DeadlineFor(absl::Duration d) const {
   return absl::Now() + d;
 }
 
-absl::StatusOr<v1::ModelInfo> DraftHeadClient::Info(absl::Duration deadline) {
+absl::Status DraftHeadClient::CallUnary(
+    absl::Duration deadline,
+    const std::function<grpc::Status(v1::DraftHead::Stub&, grpc::ClientContext*)>& call) {
   const absl::Time until = DeadlineFor(deadline);
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(ToChrono(until));
     ctx.set_wait_for_ready(options_.wait_for_ready);
-    v1::ModelInfo info;
-    absl::Status s = FromGrpcStatus(stubs_[NextChannel()]->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info));
-    if (s.ok()) return info;
+    absl::Status s = FromGrpcStatus(call(*stubs_[NextChannel()], &ctx));
+    if (s.ok()) return s;
     if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.retry.max_attempts) return s;
     const absl::Duration b = Backoff(attempt + 1);
     if (absl::Now() + b >= until) return s;
     absl::SleepFor(b);
   }
+}
+
+absl::StatusOr<v1::ModelInfo> DraftHeadClient::Info(absl::Duration deadline) {
+  v1::ModelInfo info;
+  DH_RETURN_IF_ERROR(CallUnary(deadline, [&](v1::DraftHead::Stub& stub, grpc::ClientContext* ctx) {
+    info.Clear();
+    return stub.GetModelInfo(ctx, v1::ModelInfoRequest(), &info);
+  }));
+  return info;
+}
+
+absl::Status DraftHeadClient::RegisterRegion(const v1::RegisterRegionRequest& request,
+                                             absl::Duration deadline) {
+  return CallUnary(deadline, [&](v1::DraftHead::Stub& stub, grpc::ClientContext* ctx) {
+    v1::RegisterRegionResponse resp;
+    return stub.RegisterRegion(ctx, request, &resp);
+  });
+}
+
+absl::Status DraftHeadClient::UnregisterRegion(const std::string& name, absl::Duration deadline) {
+  v1::UnregisterRegionRequest request;
+  request.set_name(name);
+  return CallUnary(deadline, [&](v1::DraftHead::Stub& stub, grpc::ClientContext* ctx) {
+    v1::UnregisterRegionResponse resp;
+    return stub.UnregisterRegion(ctx, request, &resp);
+  });
 }
 
 absl::Status DraftHeadClient::CheckHealth(const std::string& service, absl::Duration deadline) {
@@ -343,29 +392,22 @@ absl::Status DraftHeadClient::WaitUntilServing(absl::Duration wait, absl::Durati
 }
 
 absl::StatusOr<v1::LogitsResponse> DraftHeadClient::Compute(const v1::LogitsRequest& request, absl::Duration deadline) {
-  const absl::Time until = DeadlineFor(deadline);
-  for (int attempt = 1;; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(ToChrono(until));
-    ctx.set_wait_for_ready(options_.wait_for_ready);
-    v1::LogitsResponse resp;
-    absl::Status s = FromGrpcStatus(stubs_[NextChannel()]->ComputeLogits(&ctx, request, &resp));
-    if (s.ok()) {
-      if (absl::Status e = InBandError(resp); !e.ok()) return e;
-      return resp;
-    }
-    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.retry.max_attempts) return s;
-    const absl::Duration b = Backoff(attempt + 1);
-    if (absl::Now() + b >= until) return s;
-    absl::SleepFor(b);
-  }
+  v1::LogitsResponse resp;
+  DH_RETURN_IF_ERROR(CallUnary(deadline, [&](v1::DraftHead::Stub& stub, grpc::ClientContext* ctx) {
+    resp.Clear();
+    return stub.ComputeLogits(ctx, request, &resp);
+  }));
+  if (absl::Status e = InBandError(resp); !e.ok()) return e;
+  return resp;
 }
 
 absl::StatusOr<LogitsResult> DraftHeadClient::Logits(const HiddenRows& hidden, const RequestOptions& o) {
   v1::LogitsRequest req = BuildRequest(v1::FULL_LOGITS, hidden, o);
   absl::StatusOr<v1::LogitsResponse> resp = Compute(req, o.deadline);
   if (!resp.ok()) return resp.status();
-  return ToLogitsResult(req, *std::move(resp));
+  absl::StatusOr<LogitsResult> out = ToLogitsResult(req, *std::move(resp));
+  if (out.ok()) out->in_region = o.logits_region.host;
+  return out;
 }
 
 absl::StatusOr<TokensResult> DraftHeadClient::TopK(const HiddenRows& hidden, const RequestOptions& o) {
@@ -519,11 +561,14 @@ void DraftHeadClient::LogitsAsync(const HiddenRows& hidden, const RequestOptions
   v1::LogitsRequest shape;  // what ToLogitsResult checks against, without the hidden bytes
   shape.set_rows(req.rows());
   shape.set_logits_dtype(req.logits_dtype());
+  if (req.has_logits_region()) *shape.mutable_logits_region() = req.logits_region();
   ComputeAsync(
       std::move(req),
-      [shape, done = std::move(done)](absl::StatusOr<v1::LogitsResponse> r) mutable {
+      [shape, host = o.logits_region.host, done = std::move(done)](absl::StatusOr<v1::LogitsResponse> r) mutable {
         if (!r.ok()) return std::move(done)(r.status());
-        std::move(done)(ToLogitsResult(shape, *std::move(r)));
+        absl::StatusOr<LogitsResult> out = ToLogitsResult(shape, *std::move(r));
+        if (out.ok()) out->in_region = host;
+        std::move(done)(std::move(out));
       },
       o.deadline);
 }

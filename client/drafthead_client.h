@@ -73,11 +73,18 @@ struct ClientOptions {
   int channels = 1;
 };
 
-// A view of rows x hidden_size hidden states, row-major, little-endian; not owned.
+// A view of rows x hidden_size hidden states, row-major, little-endian; not owned. Or, with
+// `region` naming a registered shared-memory region (client/regions.h), where the server reads
+// them itself (bytes unused).
 struct HiddenRows {
   uint32_t rows = 0;
   v1::DType dtype = v1::BF16;
   std::string_view bytes;
+  v1::RegionSlice region = {};
+
+  static HiddenRows InRegion(v1::RegionSlice slice, uint32_t rows, v1::DType dtype = v1::BF16) {
+    return {rows, dtype, {}, std::move(slice)};
+  }
 
   static HiddenRows Bf16(std::span<const uint16_t> bits, uint32_t rows) {
     return {rows, v1::BF16, {reinterpret_cast<const char*>(bits.data()), bits.size_bytes()}};
@@ -87,7 +94,15 @@ struct HiddenRows {
   }
 };
 
+// Where FULL_LOGITS go instead of the response: a slice of a registered region and, for a host
+// region this process maps, where those bytes are here (LogitsResult then views them in place).
+struct LogitsTarget {
+  v1::RegionSlice slice;          // an empty region name: the logits come in the response
+  const uint8_t* host = nullptr;  // the slice's first byte in this process; nullptr: device memory
+};
+
 struct RequestOptions {
+  LogitsTarget logits_region;         // Logits(): into a region (client/regions.h makes targets)
   v1::DType logits_dtype = v1::BF16;  // Logits()
   uint32_t k = 1;                     // TopK()
   bool probs = false;                 // TopK(): softmax(logits / T) of each returned id
@@ -110,7 +125,12 @@ struct LogitsResult {
   v1::DType dtype = v1::BF16;
   std::string data;  // rows x vocab_size elements of dtype (bf16 as uint16 bits), little-endian
   ServerTiming timing;
+  // Set when the logits were written into a host region (RequestOptions::logits_region): they
+  // are there, valid while the region is, and `data` is empty.
+  const uint8_t* in_region = nullptr;
 
+  // The logits' bytes, wherever they are (empty for a device region: read them on the device).
+  std::string_view bytes() const;
   float At(uint32_t row, uint32_t col) const;
   std::vector<float> ToFloat() const;  // widens bf16 exactly
 };
@@ -200,6 +220,12 @@ class DraftHeadClient {
   std::future<absl::StatusOr<TokensResult>> TokensFuture(v1::Mode mode, const HiddenRows& hidden,
                                                           const RequestOptions& options);
 
+  // Shared-memory regions (servers started with --shared-memory; client/regions.h wraps these).
+  absl::Status RegisterRegion(const v1::RegisterRegionRequest& request,
+                              absl::Duration deadline = absl::ZeroDuration());
+  // An empty name: every region.
+  absl::Status UnregisterRegion(const std::string& name, absl::Duration deadline = absl::ZeroDuration());
+
   // Opens a StreamLogits stream (not retried: a broken stream is the caller's to reopen).
   absl::StatusOr<std::unique_ptr<LogitsStream>> OpenStream(absl::Duration deadline = absl::InfiniteDuration());
 
@@ -214,6 +240,9 @@ class DraftHeadClient {
   absl::Duration Backoff(int attempt);  // before attempt number `attempt` (2, 3, ...)
   absl::Time DeadlineFor(absl::Duration d) const;
   void StartAttempt(std::shared_ptr<AsyncCall> call);
+  // One unary call, retried on UNAVAILABLE with backoff within the deadline.
+  absl::Status CallUnary(absl::Duration deadline,
+                         const std::function<grpc::Status(v1::DraftHead::Stub&, grpc::ClientContext*)>& call);
 
   ClientOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;

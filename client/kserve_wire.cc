@@ -99,6 +99,14 @@ bool ScanStreamResponse(CodedInputStream& in, ScannedResponse* out, std::string*
   return true;
 }
 
+// Triton's tensor parameters for a tensor in a shared-memory region.
+void PlaceInRegion(const v1::RegionSlice& slice,
+                   google::protobuf::Map<std::string, inference::InferParameter>* params) {
+  (*params)["shared_memory_region"].set_string_param(slice.region());
+  (*params)["shared_memory_byte_size"].set_uint64_param(slice.byte_size());
+  (*params)["shared_memory_offset"].set_uint64_param(slice.offset());
+}
+
 // The code of an in-band "CODE: message" (the server's spelling, absl's code names).
 int32_t InBandCode(const std::string& error) {
   for (int c = 1; c <= 16; ++c)
@@ -117,9 +125,19 @@ std::string KServeRequestBytes(const v1::LogitsRequest& native, const std::strin
   in->set_name("hidden");
   in->set_datatype(native.hidden_dtype() == v1::FP32 ? "FP32" : "BF16");
   const size_t esize = native.hidden_dtype() == v1::FP32 ? 4 : 2;
+  const bool in_region = native.has_hidden_region();
+  const uint64_t bytes = in_region ? native.hidden_region().byte_size() : native.hidden().size();
   in->add_shape(native.rows());
-  in->add_shape(native.rows() == 0 ? 0 : native.hidden().size() / esize / native.rows());
-  r.add_raw_input_contents(native.hidden());
+  in->add_shape(native.rows() == 0 ? 0 : bytes / esize / native.rows());
+  if (in_region)
+    PlaceInRegion(native.hidden_region(), in->mutable_parameters());
+  else
+    r.add_raw_input_contents(native.hidden());
+  if (native.has_logits_region()) {
+    auto* out = r.add_outputs();
+    out->set_name("logits");
+    PlaceInRegion(native.logits_region(), out->mutable_parameters());
+  }
   auto& p = *r.mutable_parameters();
   p["mode"].set_string_param(ModeName(native.mode()));
   if (native.mode() == v1::TOP_K) p["top_k"].set_int64_param(native.top_k());

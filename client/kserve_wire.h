@@ -20,8 +20,10 @@ namespace drafthead::client {
 inline constexpr char kKServeUnaryMethod[] = "/inference.GRPCInferenceService/ModelInfer";
 inline constexpr char kKServeStreamMethod[] = "/inference.GRPCInferenceService/ModelStreamInfer";
 
-// The ModelInferRequest (serialized) that asks `model` what `native` asks: input `hidden`, the
-// mode's parameters (only those that differ from the protocol's defaults), id = request_id.
+// The ModelInferRequest (serialized) that asks `model` what `native` asks: input `hidden` (inline,
+// or where hidden_region says, as Triton's shared-memory tensor parameters; a logits_region
+// likewise for output `logits`), the mode's parameters (only those that differ from the
+// protocol's defaults), id = request_id.
 std::string KServeRequestBytes(const v1::LogitsRequest& native, const std::string& model);
 
 // One ModelInfer of the serialized `request`, its status.

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "client/drafthead_client.h"
 #include "client/kserve_wire.h"
+#include "client/load_regions.h"
 #include "client/load_report.h"
 #include "client/load_tester.h"
 #include "common/command_line.h"
@@ -79,6 +80,7 @@ ABSL_FLAG(int64_t, max_inflight, 20000, "load, open loop: most requests in fligh
 ABSL_FLAG(std::string, csv, "", "load: one line per request to this file");
 ABSL_FLAG(std::string, html, "", "load: self-contained HTML report with plots");
 ABSL_FLAG(bool, quiet, false, "load: no text summary on stdout");
+ABSL_FLAG(std::string, shared_memory, "", "load: hidden rows (and full logits) through a registered region: system | cuda (default: on the wire)");
 ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent before the run");
 
 namespace drafthead::client {
@@ -441,6 +443,15 @@ int RunLoadCommand() {
     }
     hidden_source = absl::StrCat("generated, seed ", absl::GetFlag(FLAGS_hidden_seed));
   }
+  // --shared-memory: the same requests, their bytes moved into a region registered for the run.
+  std::unique_ptr<LoadRegions> regions;
+  const std::string shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  if (!shared_memory.empty()) {
+    if (!info.ok()) return Fail(kExitFailed, absl::Status(info.status().code(), "--shared-memory needs GetModelInfo"));
+    absl::StatusOr<std::unique_ptr<LoadRegions>> moved = MoveToRegions(**client, shared_memory, info->vocab_size(), &pool);
+    if (!moved.ok()) return Fail(kExitFailed, moved.status());
+    regions = *std::move(moved);
+  }
   // KServe: the same requests restated (the probe below checks the native one first).
   std::vector<std::string> kserve_pool;
   if (lo.protocol == Protocol::kKServe) {
@@ -493,6 +504,7 @@ int RunLoadCommand() {
                    {"head", absl::GetFlag(FLAGS_head)},
                    {"hidden", hidden_source},
                    {"hidden_pool", pool_size},
+                   {"shared_memory", shared_memory.empty() ? "off" : shared_memory},
                    {"sweep", absl::GetFlag(FLAGS_sweep)}};
 
   const bool tty = isatty(STDERR_FILENO);

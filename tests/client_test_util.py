@@ -10,6 +10,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import unittest
 
 import numpy as np
 
@@ -117,3 +118,41 @@ def toy_logits(hidden_bits, vocab):
     K = x.shape[1]
     n = np.arange(vocab)
     return (x[:, n % K] * (np.float32(1) + (n // K).astype(np.float32) * np.float32(0.25))).astype(np.float32)
+
+
+class RealServer:
+    """drafthead-server (CPU, synthetic weights) as a child on a free loopback port, serving once
+    `drafthead-client info --wait` says so; `args` are its flags beyond --listen."""
+
+    def __init__(self, args, log_dir):
+        self.target = f"127.0.0.1:{free_port()}"
+        self.log = open(os.path.join(log_dir, "server.log"), "w")
+        self.proc = subprocess.Popen([os.path.join(BIN, "server", "drafthead-server"), f"--listen={self.target}"]
+                                     + list(args), stdout=self.log, stderr=subprocess.STDOUT)
+        p = subprocess.run([CLIENT, "info", f"--target={self.target}", "--wait=120"], capture_output=True,
+                           text=True, timeout=150)
+        if p.returncode != 0:
+            self.close()
+            raise RuntimeError(f"server did not serve: {p.stderr}")
+
+    def close(self):
+        stop(self.proc, timeout=30)
+        self.log.close()
+
+
+class RealServerTestCase(unittest.TestCase):
+    """A test class sharing one RealServer started with SERVER_ARGS: `target` names it, `head` is a
+    drafthead_client.RemoteDraftHead on it, `dir` a scratch directory."""
+    SERVER_ARGS: list = []
+
+    @classmethod
+    def setUpClass(cls):
+        import drafthead_client
+        cls.dir = tempfile.mkdtemp(prefix="dh-server-")
+        cls.server = RealServer(cls.SERVER_ARGS, cls.dir)
+        cls.target = cls.server.target
+        cls.head = drafthead_client.RemoteDraftHead(cls.target, timeout=30)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.close()

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "client/regions.h"
 #include "e2e_util.h"
 #include "reference.h"
 #include "shm_test_util.h"
@@ -352,6 +353,41 @@ TEST_P(RegionsBadInput, RegionsAreOffWithoutTheFlag) {
   ASSERT_TRUE(stub_->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.shared_memory_size(), 0);
   EXPECT_TRUE(Call(*stub_, BytesRequest(kCases[0], 1, 3), &resp).ok());
+}
+
+// The C++ client library's helpers: a SystemRegion created and registered, requests naming its
+// slices, the logits viewed in place; destroying the region unregisters it.
+TEST_P(RegionsBadInput, ClientLibraryRegionsViewLogitsInPlace) {
+  Start({"--shared-memory=system"});
+  auto client = client::DraftHeadClient::Connect(target_);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto x = ref::RandomBf16(5 * kK, 9);
+  auto bytes = (*client)->Logits(client::HiddenRows::Bf16(x, 5));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const uint64_t hbytes = x.size() * 2, lbytes = bytes->data.size();
+  v1::RegionSlice hidden;
+  {
+    auto region = client::SystemRegion::Create(**client, "lib", hbytes + lbytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    std::memcpy((*region)->data(), x.data(), hbytes);
+    hidden = (*region)->Slice(0, hbytes);
+    client::RequestOptions o;
+    o.logits_region = (*region)->Target(hbytes, lbytes);
+    auto got = (*client)->Logits(client::HiddenRows::InRegion(hidden, 5), o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->data.empty());
+    EXPECT_EQ(got->in_region, (*region)->data() + hbytes);
+    EXPECT_EQ(got->bytes(), bytes->data);
+    EXPECT_EQ(got->At(4, 17), bytes->At(4, 17));
+    client::RequestOptions topk;
+    topk.k = 8;
+    auto ids = (*client)->TopK(client::HiddenRows::InRegion(hidden, 5), topk);
+    auto want = (*client)->TopK(client::HiddenRows::Bf16(x, 5), topk);
+    ASSERT_TRUE(ids.ok() && want.ok());
+    EXPECT_EQ(ids->token_ids, want->token_ids);
+  }
+  auto gone = (*client)->Argmax(client::HiddenRows::InRegion(hidden, 5));
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp1, RegionsBadInput, ::testing::Values(1));

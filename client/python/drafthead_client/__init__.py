@@ -22,6 +22,11 @@ Errors raise DraftHeadError (a RuntimeError) carrying the gRPC status code name;
 in a response raises it too. UNAVAILABLE is retried with exponential backoff (bounded attempts),
 all within the call's deadline.
 
+Callers on the server's host can skip the wire (servers started with --shared-memory): see
+drafthead_client.regions (numpy arrays in a POSIX region, torch / cupy CUDA tensors registered by
+their IPC handle) and compute_in_regions below; drafthead_client.dspark_adapter puts the DSpark
+draft's head on the server through CUDA regions.
+
 The generated stubs (drafthead.v1, drafthead_health.v1) come from the build: put the build's
 client/python_gen directory on sys.path (or PYTHONPATH), or set DRAFTHEAD_PY_STUBS to it.
 """
@@ -181,7 +186,8 @@ class RemoteDraftHead:
                 "hidden_size": m.hidden_size, "vocab_size": m.vocab_size, "padded_vocab": m.padded_vocab,
                 "tp": m.tp, "shard_rows": m.shard_rows, "max_rows": m.max_rows, "max_top_k": m.max_top_k,
                 "backend": m.backend, "comm": m.comm, "heads": [pb.Head.Name(h) for h in m.heads],
-                "weights": m.weights, "version": m.version}
+                "weights": m.weights, "version": m.version,
+                "shared_memory": [pb.RegionKind.Name(k) for k in m.shared_memory]}
         return self._info
 
     def serving(self, timeout: float = 2.0) -> bool:
@@ -328,6 +334,35 @@ class RemoteDraftHead:
         i, v, _ = self._tokens(hidden, pb.SAMPLE, 1, hidden_dtype, timeout, temperature=temperature,
                                seed=int(seed), head=_HEADS[head])
         return Tokens(i, v)
+
+    # -- shared-memory regions (drafthead_client.regions wraps these) --------------------------------
+    def register_region(self, request, timeout: Optional[float] = None) -> None:
+        """RegisterRegion with a pb.RegisterRegionRequest."""
+        self._call(self._stub.RegisterRegion, request, timeout)
+
+    def unregister_region(self, name: str, timeout: Optional[float] = None) -> None:
+        """UnregisterRegion; an empty name: every region."""
+        self._call(self._stub.UnregisterRegion, pb.UnregisterRegionRequest(name=name), timeout)
+
+    def compute_in_regions(self, mode: str, rows: int, hidden_region, *, logits_region=None,
+                           hidden_dtype: str = "bf16", dtype: str = "bf16", k: int = 1,
+                           probs: bool = False, temperature: float = 1.0, seed: int = 0,
+                           head: str = "fp8", timeout: Optional[float] = None):
+        """One call whose hidden rows are read from `hidden_region` (a pb.RegionSlice) and, for
+        mode "full", whose logits are written into `logits_region`. Returns the LogitsResponse:
+        token_ids / values / probs for the other modes. The caller's writes into the hidden slice
+        must be complete (a CUDA tensor: its stream synchronized) before the call."""
+        modes = {"full": pb.FULL_LOGITS, "topk": pb.TOP_K, "argmax": pb.ARGMAX, "sample": pb.SAMPLE}
+        req = pb.LogitsRequest(rows=int(rows), hidden_dtype=_DTYPES[hidden_dtype], mode=modes[mode],
+                               logits_dtype=_DTYPES[dtype], head=_HEADS[head])
+        req.hidden_region.CopyFrom(hidden_region)
+        if logits_region is not None:
+            req.logits_region.CopyFrom(logits_region)
+        if mode == "topk":
+            req.top_k, req.return_probs, req.temperature = int(k), bool(probs), float(temperature)
+        elif mode == "sample":
+            req.temperature, req.seed = float(temperature), int(seed)
+        return self._compute(req, timeout)
 
     def stream(self, requests: Iterable[Any], timeout: Optional[float] = None) -> Iterator[Any]:
         """StreamLogits: yields one LogitsResponse per LogitsRequest, in order. In-band errors are
