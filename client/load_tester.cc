@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/kserve_wire.h"
 #include "client/response_scan.h"
 
 namespace drafthead::client {
@@ -159,6 +160,12 @@ class Run {
     return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(o_.timeout);
   }
   bool IsStream() const { return o_.stream; }
+  const char* UnaryMethod() const { return kserve() ? kKServeUnaryMethod : kUnaryMethod; }
+  const char* StreamMethod() const { return kserve() ? kKServeStreamMethod : kStreamMethod; }
+  // ScanAnswer for the protocol in use.
+  int Scan(grpc::ByteBuffer* answer, bool stream, ScannedResponse* out, const std::string** msg) const {
+    return kserve() ? ScanKServeAnswer(answer, stream, out, msg) : ScanAnswer(answer, out, msg);
+  }
   std::optional<std::chrono::system_clock::time_point> StreamDeadline() const { return stream_deadline_; }
 
   // Decides whether a request scheduled at `t` is sent; counts measured requests.
@@ -262,6 +269,8 @@ class Run {
   void StallGuard(int64_t now);
   LoadResult Merge();
 
+  bool kserve() const { return o_.protocol == Protocol::kKServe; }
+
   const LoadOptions& o_;
   const uint32_t rows_;
   const uint64_t gen_;
@@ -294,7 +303,7 @@ void UnaryCall::Start(int64_t scheduled_ns, uint64_t seq) {
   ctx_.emplace();
   ctx_->set_deadline(run_->UnaryDeadline());
   response_.Clear();
-  run_->Stub(index_)->PrepareUnaryCall(&*ctx_, kUnaryMethod, grpc::StubOptions(), run_->RequestFor(seq), &response_,
+  run_->Stub(index_)->PrepareUnaryCall(&*ctx_, run_->UnaryMethod(), grpc::StubOptions(), run_->RequestFor(seq), &response_,
                                        this);
   StartCall();
 }
@@ -305,14 +314,14 @@ void UnaryCall::OnDone(const grpc::Status& s) {
   int code = static_cast<int>(s.error_code());
   const std::string status_message = s.ok() ? std::string() : s.error_message();
   const std::string* msg = &status_message;
-  if (s.ok()) code = ScanAnswer(&response_, &r, &msg);
+  if (s.ok()) code = run_->Scan(&response_, false, &r, &msg);
   run_->Record(start_ns_, now, seq_, code, r, msg);
   run_->UnaryDone(this, now);
 }
 
 void StreamCall::Open() {
   if (auto d = run_->StreamDeadline()) ctx_.set_deadline(*d);
-  run_->Stub(index_)->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
+  run_->Stub(index_)->PrepareBidiStreamingCall(&ctx_, run_->StreamMethod(), grpc::StubOptions(), this);
   AddHold();  // writes come from outside reactions (scheduler, other streams): keep OnDone away
   StartRead(&read_buf_);
   StartCall();
@@ -371,7 +380,7 @@ void StreamCall::OnReadDone(bool ok) {
   }
   ScannedResponse r;
   const std::string* msg = nullptr;
-  const int code = ScanAnswer(&read_buf_, &r, &msg);
+  const int code = run_->Scan(&read_buf_, true, &r, &msg);
   Pending p{0, 0};
   bool matched = false;
   {

@@ -33,6 +33,9 @@
 namespace drafthead::client {
 
 enum class Arrival { kConstant, kPoisson };
+// Which API the requests speak: drafthead.v1 (ComputeLogits / StreamLogits) or KServe v2
+// (inference.GRPCInferenceService ModelInfer / ModelStreamInfer, client/kserve_wire.h).
+enum class Protocol { kNative, kKServe };
 
 struct LoadProgress {
   double elapsed_s = 0;      // since the start, warmup included
@@ -46,7 +49,8 @@ struct LoadOptions {
   std::string target;
   ClientOptions client;      // TLS and message sizes; `channels` is taken from `connections`
   int connections = 1;       // independent channels (TCP connections), used round robin
-  bool stream = false;       // StreamLogits instead of ComputeLogits
+  Protocol protocol = Protocol::kNative;
+  bool stream = false;       // StreamLogits instead of ComputeLogits (KServe: ModelStreamInfer)
   int streams = 0;           // stream mode: number of streams (0: one per connection)
   int concurrency = 1;       // closed loop: requests in flight
   double rps = 0;            // > 0: open loop at this rate
@@ -101,9 +105,9 @@ struct LoadResult {
   int64_t stream_failures = 0;         // streams that ended with an error
 };
 
-// Runs one load test. `requests` are serialized LogitsRequests, used round robin (a small pool of
-// distinct hidden states); `rows_per_request` is their row count, counted for rows/s when an answer
-// does not carry its own `rows`.
+// Runs one load test. `requests` are serialized LogitsRequests (KServe: ModelInferRequests), used
+// round robin (a small pool of distinct hidden states); `rows_per_request` is their row count,
+// counted for rows/s when an answer does not carry its own `rows`.
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector<std::string>& requests,
                                    uint32_t rows_per_request);
 

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/drafthead_client.h"
+#include "client/kserve_wire.h"
 #include "client/load_regions.h"
 #include "client/load_report.h"
 #include "client/load_tester.h"
@@ -68,6 +69,8 @@ ABSL_FLAG(int64_t, requests, 0, "load (-n): measured requests to send");
 ABSL_FLAG(std::string, warmup, "0", "load: unmeasured time before measuring, e.g. 2s");
 ABSL_FLAG(int, connections, 1, "load: channels (TCP connections), used round robin");
 ABSL_FLAG(bool, stream, false, "load: StreamLogits (latency per message) instead of ComputeLogits");
+ABSL_FLAG(std::string, protocol, "native", "load: native (drafthead.v1) | kserve (KServe v2 ModelInfer / ModelStreamInfer)");
+ABSL_FLAG(std::string, model_name, "drafthead", "load --protocol=kserve: the server's --model-name");
 ABSL_FLAG(int, streams, 0, "load --stream: streams in all (default: one per connection)");
 ABSL_FLAG(std::string, sweep, "", "load: closed-loop concurrency sweep c1,c2,... (one run each)");
 ABSL_FLAG(uint64_t, hidden_seed, 1, "load: seed of the generated hidden states (without --hidden)");
@@ -355,6 +358,12 @@ int RunLoadCommand() {
   lo.client = *co;
   lo.connections = absl::GetFlag(FLAGS_connections);
   lo.stream = absl::GetFlag(FLAGS_stream);
+  const std::string protocol = absl::GetFlag(FLAGS_protocol);
+  if (protocol == "kserve") {
+    lo.protocol = Protocol::kKServe;
+  } else if (protocol != "native") {
+    return Usage(absl::StrCat("--protocol=", protocol, ": want native or kserve"));
+  }
   lo.streams = absl::GetFlag(FLAGS_streams);
   lo.concurrency = absl::GetFlag(FLAGS_concurrency);
   lo.rps = absl::GetFlag(FLAGS_rps);
@@ -443,13 +452,27 @@ int RunLoadCommand() {
     if (!moved.ok()) return Fail(kExitFailed, moved.status());
     regions = *std::move(moved);
   }
+  // KServe: the same requests restated (the probe below checks the native one first).
+  std::vector<std::string> kserve_pool;
+  if (lo.protocol == Protocol::kKServe) {
+    for (const std::string& bytes : pool) {
+      v1::LogitsRequest native;
+      native.ParseFromString(bytes);
+      kserve_pool.push_back(KServeRequestBytes(native, absl::GetFlag(FLAGS_model_name)));
+    }
+  }
   // One checked request first: a request the server refuses would otherwise be a run of errors.
   if (!absl::GetFlag(FLAGS_no_probe)) {
     v1::LogitsRequest probe;
     probe.ParseFromString(pool[0]);
     absl::StatusOr<v1::LogitsResponse> r = (*client)->Compute(probe, *timeout);
     if (!r.ok()) return Fail(kExitFailed, absl::Status(r.status().code(), absl::StrCat("probe request: ", r.status().message())));
+    if (!kserve_pool.empty()) {
+      absl::Status s = ProbeKServe((*client)->channel(0), kserve_pool[0], *timeout);
+      if (!s.ok()) return Fail(kExitFailed, absl::Status(s.code(), absl::StrCat("KServe probe request: ", s.message())));
+    }
   }
+  if (!kserve_pool.empty()) pool = std::move(kserve_pool);
 
   LoadReport report;
   report.started_at = NowRfc3339();
@@ -467,6 +490,7 @@ int RunLoadCommand() {
                    {"warmup_s", absl::ToDoubleSeconds(lo.warmup)},
                    {"timeout_s", absl::ToDoubleSeconds(lo.timeout)},
                    {"connections", lo.connections},
+                   {"protocol", protocol},
                    {"stream", lo.stream},
                    {"streams", lo.stream ? (lo.streams > 0 ? lo.streams : lo.connections) : 0},
                    {"rows", rows},
@@ -563,7 +587,7 @@ int main(int argc, char** argv) {
       "  logits  --target --hidden=F.safetensors --tensor=NAME [--rows=A:B] --mode=full|topk|argmax|sample\n"
       "          [--dtype=bf16|fp32] [--k=K] [--probs] [--temperature=T] [--seed=S] [--head=fp8|bf16] --out=F.safetensors\n"
       "  load    --target [-c N | --rps R [--arrival=constant|poisson]] [-z 10s | -n N] [--warmup=2s]\n"
-      "          [--connections=N] [--stream] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
+      "          [--connections=N] [--stream] [--protocol=kserve] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
       "  TLS: --tls-ca --tls-cert --tls-key --tls-server-name");
   std::vector<std::string> storage;
   std::vector<char*> normalized = drafthead::NormalizeFlagNames(argc, argv, storage);

@@ -14,6 +14,7 @@ namespace drafthead {
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
   void SetServing(bool serving) { serving_ = serving; }
+  bool serving() const { return serving_; }
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
                                   const grpc::health::v1::HealthCheckRequest* req,

@@ -44,6 +44,7 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120), "How long ranks wait
 ABSL_FLAG(absl::Duration, load_timeout, absl::Minutes(30), "How long rank 0 waits for every rank's shard");
 ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(), "On SIGTERM: keep answering for this long with health NOT_SERVING before refusing new RPCs");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "On SIGTERM: longest wait for in-flight RPCs");
+ABSL_FLAG(std::string, model_name, "drafthead", "The model's name in the KServe v2 API (inference.GRPCInferenceService)");
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus /metrics (empty: off)");
 ABSL_FLAG(std::string, tls_cert, "", "Server certificate (PEM) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "Server private key (PEM) for TLS");
@@ -177,6 +178,8 @@ absl::Status ResolveLimits(ServerConfig& c) {
 absl::Status ResolveFront(ServerConfig& c) {
   c.listen = absl::GetFlag(FLAGS_listen);
   if (c.listen.empty()) return Bad("--listen must be HOST:PORT");
+  c.model_name = absl::GetFlag(FLAGS_model_name);
+  if (c.model_name.empty()) return Bad("--model-name must not be empty");
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_client_ca)};
   if (c.tls.cert.empty() && c.tls.key.empty()) {

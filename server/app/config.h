@@ -51,6 +51,7 @@ struct ServerConfig {
   // ---- Rank 0's front.
   std::string listen;          // gRPC HOST:PORT
   std::string metrics_listen;  // Prometheus HOST:PORT; empty: off
+  std::string model_name = "drafthead";  // the KServe v2 API's one model
   TlsFiles tls;
   BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
   uint32_t max_top_k = 256;

@@ -85,8 +85,11 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   limits.max_rows = c.batcher.max_rows;
   limits.max_top_k = c.max_top_k;
   limits.has_bf16 = c.backend_options.keep_bf16;
-  f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, MakeModelInfo(c, m), f->metrics.get());
+  const v1::ModelInfo info = MakeModelInfo(c, m);
+  f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get());
   f->service->SetRegions(f->regions.get());
+  f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name),
+                                              f->regions.get());
 
   auto creds = ServerCredentials(c.tls);
   if (!creds.ok()) return StepFailed("bad_flags", creds.status());
@@ -102,6 +105,7 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(f->service.get());
   builder.RegisterService(&f->health);
+  builder.RegisterService(f->kserve.get());
   f->server = builder.BuildAndStart();
   if (!f->server || bound_port == 0)
     return StepFailed("listen_failed", absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen)));

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "server/api/health.h"
+#include "server/api/kserve_service.h"
 #include "server/api/service.h"
 #include "server/app/config.h"
 #include "server/group/shard_geometry.h"
@@ -42,6 +43,7 @@ struct Front {
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<DraftHeadService> service;
   HealthService health;
+  std::unique_ptr<KServeService> kserve;  // inference.GRPCInferenceService on the same port, onto `service`
   std::unique_ptr<grpc::Server> server;
 
   // Health, metrics and the service's readiness together.

@@ -1,0 +1,272 @@
+#include "server/api/kserve_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/api/kserve_shm.h"
+
+namespace drafthead {
+namespace {
+
+// Answers a unary RPC at once.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+std::vector<std::string> Extensions(const regions::RegionRegistry* regions) {
+  std::vector<std::string> e = {"model_configuration", "parameters"};
+  if (regions != nullptr)
+    for (std::string& kind : kserve::SharedMemoryExtensions(*regions)) e.push_back(std::move(kind));
+  return e;
+}
+
+// Answers a shared-memory RPC: FAILED_PRECONDITION without a registry, else `rpc`'s status.
+template <typename Rpc>
+grpc::ServerUnaryReactor* WithRegions(grpc::CallbackServerContext* ctx, regions::RegionRegistry* regions,
+                                      Rpc rpc) {
+  if (regions == nullptr) return Answer(ctx, regions::SharedMemoryOff());
+  return Answer(ctx, rpc(*regions));
+}
+
+}  // namespace
+
+KServeService::KServeService(DraftHeadService& native, const HealthService& health,
+                             kserve::ModelDescription model, regions::RegionRegistry* regions)
+    : native_(native),
+      health_(health),
+      model_(std::move(model)),
+      regions_(regions),
+      extensions_(Extensions(regions)) {}
+
+grpc::ServerUnaryReactor* KServeService::ServerLive(grpc::CallbackServerContext* ctx,
+                                                    const inference::ServerLiveRequest*,
+                                                    inference::ServerLiveResponse* resp) {
+  resp->set_live(true);
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerReady(grpc::CallbackServerContext* ctx,
+                                                     const inference::ServerReadyRequest*,
+                                                     inference::ServerReadyResponse* resp) {
+  resp->set_ready(health_.serving());
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelReady(grpc::CallbackServerContext* ctx,
+                                                    const inference::ModelReadyRequest* req,
+                                                    inference::ModelReadyResponse* resp) {
+  const absl::Status s = kserve::CheckModel(model_, req->name(), req->version());
+  if (s.ok()) resp->set_ready(health_.serving());
+  return Answer(ctx, s);
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerMetadata(grpc::CallbackServerContext* ctx,
+                                                        const inference::ServerMetadataRequest*,
+                                                        inference::ServerMetadataResponse* resp) {
+  *resp = kserve::ServerMetadata(extensions_);
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelMetadata(grpc::CallbackServerContext* ctx,
+                                                       const inference::ModelMetadataRequest* req,
+                                                       inference::ModelMetadataResponse* resp) {
+  const absl::Status s = kserve::CheckModel(model_, req->name(), req->version());
+  if (s.ok()) *resp = kserve::ModelMetadata(model_);
+  return Answer(ctx, s);
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext* ctx,
+                                                     const inference::ModelConfigRequest* req,
+                                                     inference::ModelConfigResponse* resp) {
+  const absl::Status s = kserve::CheckModel(model_, req->name(), req->version());
+  if (s.ok()) *resp->mutable_config() = kserve::ModelConfig(model_);
+  return Answer(ctx, s);
+}
+
+void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
+                          std::function<void(const absl::Status&, inference::ModelInferResponse*)> done) {
+  auto translated = kserve::TranslateRequest(req, model_);
+  if (!translated.ok()) return done(translated.status(), nullptr);
+  if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
+  auto t = std::make_shared<const kserve::TranslatedRequest>(std::move(translated).value());
+  native_.Submit(ctx, t->native, [this, t, done = std::move(done)](const absl::Status& s,
+                                                                   v1::LogitsResponse* native) {
+    if (!s.ok() || native == nullptr) return done(kserve::InTensorTerms(s), nullptr);
+    inference::ModelInferResponse resp;
+    kserve::TranslateResponse(*t, model_, *native, &resp);
+    const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
+    done(written, written.ok() ? &resp : nullptr);
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,
+                                                    const inference::ModelInferRequest* req,
+                                                    inference::ModelInferResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Infer(ctx, *req, [reactor, resp](const absl::Status& s, inference::ModelInferResponse* r) {
+    if (s.ok() && r != nullptr) resp->Swap(r);
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+// One stream: requests are read continuously and submitted as they come (so they batch with each
+// other and with everyone else's); answers are queued as they complete and written one at a time.
+// At most kMaxInFlight requests are unanswered before reading pauses.
+class KServeService::StreamReactor
+    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+ public:
+  static constexpr size_t kMaxInFlight = 256;
+
+  StreamReactor(KServeService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
+    reading_ = true;
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      {
+        absl::MutexLock l(&mu_);
+        ++unanswered_;
+      }
+      svc_->Infer(ctx_, req_, [this, id = req_.id()](const absl::Status& s,
+                                                      inference::ModelInferResponse* r) {
+        auto answer = std::make_unique<inference::ModelStreamInferResponse>();
+        if (s.ok() && r != nullptr) {
+          answer->mutable_infer_response()->Swap(r);
+        } else {
+          answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
+          auto* echo = answer->mutable_infer_response();
+          echo->set_model_name(svc_->model_.name);
+          echo->set_model_version(kserve::kModelVersion);
+          echo->set_id(id);
+        }
+        Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
+      });
+    }
+    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      reading_ = false;
+      if (!ok) reads_done_ = true;
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      writing_ = false;
+      answers_.pop_front();
+      --unanswered_;
+      if (!ok) broken_ = true;
+    });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Applies `change` under the lock, starts the next write / read as allowed, and finishes the
+  // stream when it is over (outside the lock: Finish may lead to OnDone, which deletes this).
+  template <typename Change>
+  void Settle(Change change) {
+    bool finish;
+    {
+      absl::MutexLock l(&mu_);
+      change();
+      finish = PumpLocked();
+    }
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  bool PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!writing_ && !answers_.empty()) {
+      if (broken_) {
+        // The client is gone: drop answers nobody can read.
+        unanswered_ -= answers_.size();
+        answers_.clear();
+      } else {
+        writing_ = true;
+        StartWrite(answers_.front().get());
+      }
+    }
+    if (!reading_ && !reads_done_ && !broken_ && unanswered_ < kMaxInFlight) {
+      reading_ = true;
+      StartRead(&req_);
+    }
+    if (finished_ || writing_ || unanswered_ > 0) return false;
+    if (!reads_done_ && !broken_) return false;
+    if (reading_) return false;  // a pending read completes (ok=false) once the stream ends
+    finished_ = true;
+    return true;
+  }
+
+  KServeService* svc_;
+  grpc::CallbackServerContext* ctx_;
+  inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: reading_)
+  absl::Mutex mu_;
+  // Completed answers, oldest first; the front one is being written while writing_.
+  std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> answers_ ABSL_GUARDED_BY(mu_);
+  size_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // read, not yet written (or dropped)
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+KServeService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
+  return new StreamReactor(this, ctx);
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) { return kserve::RegisterSystem(r, *req); });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) {
+    return kserve::Unregister(r, req->name(), regions::RegionKind::kSystem);
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+    inference::SystemSharedMemoryStatusResponse* resp) {
+  return WithRegions(ctx, regions_, [req, resp](auto& r) {
+    auto status = kserve::SystemStatus(r, req->name());
+    if (status.ok()) *resp = std::move(status).value();
+    return status.status();
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest* req,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) { return kserve::RegisterCuda(r, *req); });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest* req,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  return WithRegions(ctx, regions_, [req](auto& r) {
+    return kserve::Unregister(r, req->name(), regions::RegionKind::kCudaIpc);
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryStatusRequest* req,
+    inference::CudaSharedMemoryStatusResponse* resp) {
+  return WithRegions(ctx, regions_, [req, resp](auto& r) {
+    auto status = kserve::CudaStatus(r, req->name());
+    if (status.ok()) *resp = std::move(status).value();
+    return status.status();
+  });
+}
+
+}  // namespace drafthead

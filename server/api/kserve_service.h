@@ -1,0 +1,101 @@
+// inference.GRPCInferenceService (KServe v2 / Open Inference Protocol, with Triton's streaming and
+// model-configuration RPCs) on rank 0, beside drafthead.v1.DraftHead on the same port. A thin
+// layer: every inference is translated (kserve_translate.h) into the native LogitsRequest and run
+// by DraftHeadService::Submit, so it is validated, queued, batched with native requests, computed
+// and answered by the same code; the native answer is translated back.
+//
+// Readiness: ServerReady and ModelReady say what grpc.health.v1 says (SERVING once every rank holds
+// its shard); ModelInfer before that is UNAVAILABLE, as ComputeLogits is. ServerLive is always
+// true (the process answers).
+//
+// Shared memory (Triton's extension, kserve_shm.h): on the server's region registry, the one the
+// native API's regions use; without one (or with a kind off) the RPCs and tensor parameters answer
+// FAILED_PRECONDITION naming --shared-memory, and ServerMetadata does not list the extension.
+//
+// Threads: gRPC's callback threads; no handler blocks (Unregister waits, bounded, for a copy in
+// progress); completions run where the native ones do.
+// Lifetime: `native`, `health` and `regions` outlive this; this outlives the gRPC server.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/api/health.h"
+#include "server/api/kserve_translate.h"
+#include "server/api/service.h"
+#include "server/regions/region_registry.h"
+
+namespace drafthead {
+
+class KServeService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  // `regions` may be null (no shared memory).
+  KServeService(DraftHeadService& native, const HealthService& health, kserve::ModelDescription model,
+                regions::RegionRegistry* regions);
+
+  // The protocol extensions this service implements (ServerMetadata.extensions).
+  const std::vector<std::string>& extensions() const { return extensions_; }
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
+                                       const inference::ServerLiveRequest* req,
+                                       inference::ServerLiveResponse* resp) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
+                                        const inference::ServerReadyRequest* req,
+                                        inference::ServerReadyResponse* resp) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
+                                       const inference::ModelReadyRequest* req,
+                                       inference::ModelReadyResponse* resp) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
+                                           const inference::ServerMetadataRequest* req,
+                                           inference::ServerMetadataResponse* resp) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
+                                          const inference::ModelMetadataRequest* req,
+                                          inference::ModelMetadataResponse* resp) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* ctx,
+                                        const inference::ModelConfigRequest* req,
+                                        inference::ModelConfigResponse* resp) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
+                                       const inference::ModelInferRequest* req,
+                                       inference::ModelInferResponse* resp) override;
+  // Answers are written as requests complete (as Triton does), each carrying its request's id; a
+  // stream's valid requests complete in order (the queue is FIFO), a refused one is answered at
+  // once, in-band: error_message "CODE: field: why", infer_response with the id. The stream goes on.
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext* ctx,
+                                                       const inference::SystemSharedMemoryRegisterRequest* req,
+                                                       inference::SystemSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(grpc::CallbackServerContext* ctx,
+                                                         const inference::SystemSharedMemoryUnregisterRequest* req,
+                                                         inference::SystemSharedMemoryUnregisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                     const inference::SystemSharedMemoryStatusRequest* req,
+                                                     inference::SystemSharedMemoryStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(grpc::CallbackServerContext* ctx,
+                                                     const inference::CudaSharedMemoryRegisterRequest* req,
+                                                     inference::CudaSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext* ctx,
+                                                       const inference::CudaSharedMemoryUnregisterRequest* req,
+                                                       inference::CudaSharedMemoryUnregisterResponse* resp) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                   const inference::CudaSharedMemoryStatusRequest* req,
+                                                   inference::CudaSharedMemoryStatusResponse* resp) override;
+
+ private:
+  class StreamReactor;
+
+  // Translates, submits to the native service and translates the answer; `done` is called
+  // exactly once (possibly before Infer returns), with the answer only when OK.
+  void Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
+             std::function<void(const absl::Status&, inference::ModelInferResponse*)> done);
+
+  DraftHeadService& native_;
+  const HealthService& health_;
+  const kserve::ModelDescription model_;
+  regions::RegionRegistry* const regions_;
+  const std::vector<std::string> extensions_;
+};
+
+}  // namespace drafthead

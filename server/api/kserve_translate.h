@@ -1,0 +1,87 @@
+// KServe v2 / Triton (inference.GRPCInferenceService) <-> the native API: a ModelInferRequest
+// becomes the very LogitsRequest a native caller would send (so it is validated by
+// server/api/request.cc and batched like any other), and the native answer becomes a
+// ModelInferResponse. Also the model's description in the protocol's terms (metadata, config).
+// Pure functions, no threads.
+//
+// The mapping (docs/client.md has it for callers):
+//   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0] or a shared-memory region)
+//     -> rows, hidden (or hidden_region), hidden_dtype
+//   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields
+//   outputs: full_logits -> `logits` ([rows, vocab], BF16 | FP32); otherwise `token_ids` (INT32
+//   [rows, k]), `values` (FP32) and, with return_probs, `probs` (FP32).
+// Errors: INVALID_ARGUMENT whose message starts with the tensor or parameter it is about
+// ("hidden: ...", "top_k: ..."); an unknown model or version NOT_FOUND.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "drafthead/v1/drafthead.pb.h"
+#include "inference/grpc_service.pb.h"
+
+namespace drafthead::kserve {
+
+inline constexpr char kModelVersion[] = "1";  // the one version the model has
+inline constexpr char kPlatform[] = "drafthead";
+
+// The served model, as the protocol describes it.
+struct ModelDescription {
+  std::string name = "drafthead";  // --model-name
+  uint32_t hidden_size = 0;
+  uint32_t vocab_size = 0;
+  uint32_t max_rows = 0;
+  uint32_t max_top_k = 0;
+  bool has_bf16 = false;  // the BF16_EXACT head is kept
+};
+
+ModelDescription DescribeModel(const v1::ModelInfo& info, std::string name);
+
+// NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
+absl::Status CheckModel(const ModelDescription& model, const std::string& name,
+                        const std::string& version);
+
+// A tensor placed in a shared-memory region (Triton's tensor parameters shared_memory_region,
+// shared_memory_byte_size, shared_memory_offset).
+struct SharedMemorySlice {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+// A ModelInferRequest as the native request, with what the answer must carry back. The input in
+// shared memory becomes the native hidden_region, `logits` in shared memory the native
+// logits_region (its first rows x vocab x dtype bytes), so the native path reads and writes them;
+// the reductions' outputs in shared memory (which the native API returns inline) are written by
+// kserve_shm.h.
+struct TranslatedRequest {
+  v1::LogitsRequest native;
+  std::string id;                    // echoed
+  std::vector<std::string> outputs;  // the requested outputs in order; empty: all the mode makes
+  std::map<std::string, SharedMemorySlice> output_shm;  // token_ids / values / probs, by name
+};
+
+// Checks the model, the input tensor, the parameters and the requested outputs; the limits that
+// the native API checks (rows, top_k, temperature, finiteness, ...) are left to its validation.
+// Shared-memory parameters are checked for form and size here (the input's byte size must be the
+// tensor's, an output's at least the output's); the regions themselves where they are used.
+absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRequest& req,
+                                                   const ModelDescription& model);
+
+// Fills `out` from the native answer to `req`. The logits bytes are moved out of `native`, not
+// copied. Requested outputs the request's mode does not make (e.g. `logits` of a top_k request, as
+// perf_analyzer asks for every output of the model) are left out. The native Timing is returned as
+// int64 response parameters queue_us, compute_us and batch_rows.
+void TranslateResponse(const TranslatedRequest& req, const ModelDescription& model,
+                       v1::LogitsResponse& native, inference::ModelInferResponse* out);
+
+// `extensions`: what this server implements (ServerMetadata lists exactly these).
+inference::ServerMetadataResponse ServerMetadata(const std::vector<std::string>& extensions);
+inference::ModelMetadataResponse ModelMetadata(const ModelDescription& model);
+inference::ModelConfig ModelConfig(const ModelDescription& model);
+
+}  // namespace drafthead::kserve

@@ -1,0 +1,15 @@
+# tests for the KServe v2 API (fragment of tests/CMakeLists.txt): the translation unit-tested, then
+# the real server from two independent clients: Node's @grpc/grpc-js (installed from npm into the
+# build tree on first use; skipped only if that fails) and Python's grpcio, each reading
+# proto/inference/grpc_service.proto. Each starts its own server (CPU, tp=2, tiny shapes).
+drafthead_add_test(kserve_translate_test SOURCES kserve_translate_test.cc LIBS drafthead_api TIMEOUT 60)
+
+add_test(NAME kserve_node_test COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/kserve_node_test.sh)
+set_tests_properties(kserve_node_test PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS "e2e;kserve"
+  ENVIRONMENT "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+
+if(DRAFTHEAD_PYTHON)
+  add_test(NAME kserve_python_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_python_test.py)
+  set_tests_properties(kserve_python_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" ENVIRONMENT
+    "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN};DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+endif()
