@@ -9,3 +9,5 @@ drafthead_add_test(e2e_test SOURCES e2e_test.cc LIBS drafthead_api drafthead_tes
 add_dependencies(e2e_test drafthead-server drafthead-quantize)
 drafthead_add_test(ops_test SOURCES ops_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 900)
 add_dependencies(ops_test drafthead-server)
+drafthead_add_test(stream_budget_test SOURCES stream_budget_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 300)
+add_dependencies(stream_budget_test drafthead-server)

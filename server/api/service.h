@@ -13,6 +13,7 @@
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
 #include "server/api/request.h"
+#include "server/api/stream_budget.h"
 
 namespace drafthead {
 
@@ -24,6 +25,10 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
 
   // Until ready, logits RPCs answer UNAVAILABLE (weights still loading) and health is NOT_SERVING.
   void SetReady(bool ready) { ready_ = ready; }
+  // StreamLogits' backpressure (stream_budget.h); before serving (defaults otherwise).
+  void SetStreamBudget(const StreamBudgetOptions& options) {
+    stream_budget_ = std::make_unique<StreamBudget>(options);
+  }
 
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,
@@ -47,6 +52,7 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   v1::ModelInfo info_;
   Metrics* metrics_;
   std::atomic<bool> ready_{false};
+  std::unique_ptr<StreamBudget> stream_budget_ = std::make_unique<StreamBudget>(StreamBudgetOptions{});
 };
 
 }  // namespace drafthead

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   limits.max_top_k = c.max_top_k;
   limits.has_bf16 = c.backend_options.keep_bf16;
   f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, MakeModelInfo(c, m), f->metrics.get());
+  f->service->SetStreamBudget(c.stream_budget);
 
   auto creds = ServerCredentials(c.tls);
   if (!creds.ok()) return StepFailed("bad_flags", creds.status());
