@@ -11,3 +11,5 @@ drafthead_add_test(ops_test SOURCES ops_test.cc LIBS drafthead_api drafthead_tes
 add_dependencies(ops_test drafthead-server)
 drafthead_add_test(stream_budget_test SOURCES stream_budget_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 300)
 add_dependencies(stream_budget_test drafthead-server)
+drafthead_add_test(faults_test SOURCES faults_test.cc LIBS drafthead_client drafthead_test_reference TIMEOUT 600)
+add_dependencies(faults_test drafthead-server)
