@@ -13,3 +13,5 @@ drafthead_add_test(stream_budget_test SOURCES stream_budget_test.cc LIBS drafthe
 add_dependencies(stream_budget_test drafthead-server)
 drafthead_add_test(faults_test SOURCES faults_test.cc LIBS drafthead_client drafthead_test_reference TIMEOUT 600)
 add_dependencies(faults_test drafthead-server)
+drafthead_add_test(replicas_test SOURCES replicas_test.cc LIBS drafthead_client drafthead_test_reference PkgConfig::HTTPLIB TIMEOUT 300)
+add_dependencies(replicas_test drafthead-server)
