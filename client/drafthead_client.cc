@@ -80,6 +80,11 @@ absl::StatusOr<TlsOptions> TlsOptions::FromFiles(const std::string& ca_file, con
   return t;
 }
 
+// Client-side balancing over replicas (ClientOptions::balance_replicas): round robin over the
+// resolved addresses, each health-checked through grpc.health.v1 Watch of service "".
+constexpr char kBalancedServiceConfig[] =
+    R"({"loadBalancingConfig":[{"round_robin":{}}],"healthCheckConfig":{"serviceName":""}})";
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target, const ClientOptions& options,
                                                            int channel_index) {
   if (target.empty()) return absl::InvalidArgumentError("empty target (want HOST:PORT)");
@@ -92,6 +97,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   args.SetInt("drafthead.channel_index", channel_index);
   // Our own bounded retries; gRPC's transparent retry policy would hide attempts from the caller.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  if (options.balance_replicas) args.SetServiceConfigJSON(kBalancedServiceConfig);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (options.tls.enabled) {
     grpc::SslCredentialsOptions ssl;

@@ -71,6 +71,12 @@ struct ClientOptions {
   // Independent channels (TCP connections); calls go round robin. One is enough for a scheduler;
   // the load tester uses more to spread work over server threads.
   int channels = 1;
+  // Several replicas behind one name (e.g. "dns:///drafthead-headless.NS.svc.cluster.local:50051"
+  // or "ipv4:10.0.0.1:50051,10.0.0.2:50051"): calls go round robin over the addresses whose
+  // grpc.health.v1 Watch says SERVING (a draining or failed replica leaves the rotation at once).
+  // Off for one server: it would make a NOT_SERVING (still loading) server unreachable, even for
+  // WaitUntilServing.
+  bool balance_replicas = false;
 };
 
 // A view of rows x hidden_size hidden states, row-major, little-endian; not owned. Or, with

@@ -291,8 +291,46 @@ TEST(NcclCollective, AMissingPeerTimesOutInsteadOfHanging) {
   ASSERT_TRUE(cl.ok()) << cl.status();
   const auto t0 = std::chrono::steady_clock::now();
   auto c = MakeNcclCollective(1, 2, 0, **cl, std::chrono::milliseconds(500));  // rank 0 never comes
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+// A broken group is UNAVAILABLE in every collective (collective.h), here as under Gloo and the
+// in-process one (collective_test.cc): two ranks on two GPUs, one of which never calls; then
+// every later call is UNAVAILABLE too. Needs 2 GPUs.
+TEST(NcclCollective, APeerThatNeverCallsIsUnavailableInEveryCall) {
+  DH_SKIP_WITHOUT_GPU();
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) GTEST_SKIP() << "needs 2 GPUs";
+  auto kv = KvServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  const std::string addr = "127.0.0.1:" + std::to_string((*kv)->port());
+  std::unique_ptr<Collective> ranks[2];
+  std::unique_ptr<KvClient> clients[2];
+  std::thread joins[2];
+  for (int r = 0; r < 2; ++r) {
+    auto cl = KvClient::Connect(addr, std::chrono::seconds(5));
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    clients[r] = std::move(*cl);
+    joins[r] = std::thread([&, r] {
+      auto c = MakeNcclCollective(r, 2, r, *clients[r], std::chrono::seconds(60));
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) ranks[r] = std::move(*c);
+    });
+  }
+  for (auto& t : joins) t.join();
+  ASSERT_TRUE(ranks[0] && ranks[1]);
+  std::vector<uint8_t> buf(4096), all(8192);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 1 waits for a broadcast rank 0 never sends, then for a gather rank 0 never takes.
+  absl::Status b = ranks[1]->Broadcast(buf.data(), buf.size(), MemorySpace::kHost, std::chrono::milliseconds(500));
+  EXPECT_EQ(b.code(), absl::StatusCode::kUnavailable) << b;
+  absl::Status g = ranks[1]->Gather(buf.data(), buf.size(), all.data(), MemorySpace::kHost, std::chrono::milliseconds(500));
+  EXPECT_EQ(g.code(), absl::StatusCode::kUnavailable) << g;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  // Rank 0 gathers from a rank 1 that has aborted: its call fails the same way.
+  absl::Status g0 = ranks[0]->Gather(buf.data(), buf.size(), all.data(), MemorySpace::kHost, std::chrono::milliseconds(500));
+  EXPECT_EQ(g0.code(), absl::StatusCode::kUnavailable) << g0;
 }
 
 }  // namespace

@@ -143,10 +143,14 @@ for st in stages:
             for p in parts[:-1]:
                 check(p == "." or os.path.exists(os.path.join(SRC, p)), f"{st['name']}: COPY source {p} exists")
 
-ign = os.path.join(SRC, "deploy", "Dockerfile.dockerignore")
-if check(os.path.exists(ign), "deploy/Dockerfile.dockerignore exists (BuildKit reads it for deploy/Dockerfile)"):
+ign = os.path.join(SRC, ".dockerignore")
+buildkit_ign = os.path.join(SRC, "deploy", "Dockerfile.dockerignore")
+check(os.path.exists(buildkit_ign) and os.path.realpath(buildkit_ign) == os.path.realpath(ign),
+      "deploy/Dockerfile.dockerignore (BuildKit reads it for deploy/Dockerfile) is the root .dockerignore")
+if check(os.path.exists(ign), ".dockerignore exists at the context root (every builder reads it)"):
     rules = [l.strip() for l in open(ign) if l.strip() and not l.startswith("#")]
-    check(".git" in rules and "build" in rules and "build-*" in rules, ".dockerignore excludes .git and build trees")
+    check(all(r in rules for r in (".git", "build", "build-*", "bundle*", ".ccache")),
+          ".dockerignore excludes .git, build trees, bundles and caches")
     check(not any(r in ("deploy", "server", "client", "common", "tools", "kernels", "proto", "CMakeLists.txt", "*") for r in rules),
           ".dockerignore keeps the sources")
 

@@ -167,12 +167,15 @@ grpc::ServerUnaryReactor* DraftHeadService::UnregisterRegion(grpc::CallbackServe
 // One stream: requests are read continuously and queued as they come (so a stream's requests
 // batch with each other and with everyone else's); answers are written strictly in request order.
 // A bad or failed request is answered in-band (LogitsResponse.error) and the stream goes on.
+// Answers not yet written count against the stream's and the server's budgets (account_,
+// stream_budget.h): at its budget a stream is not read further; one that reads nothing is cancelled.
 class DraftHeadService::StreamReactor
     : public grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse> {
  public:
   static constexpr size_t kMaxInFlight = 256;  // stop reading past this many unanswered
 
-  StreamReactor(DraftHeadService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
+  StreamReactor(DraftHeadService* svc, grpc::CallbackServerContext* ctx)
+      : svc_(svc), ctx_(ctx), account_(*svc->stream_budget_, [ctx] { ctx->TryCancel(); }) {
     reading_ = true;
     StartRead(&req_);
   }
@@ -191,6 +194,8 @@ class DraftHeadService::StreamReactor
     }
     std::shared_ptr<Slot> slot = std::make_shared<Slot>();
     slot->resp.set_request_id(req_.request_id());
+    slot->bytes = ExpectedAnswerBytes(req_, svc_->limits_.vocab_size);
+    account_.Reserve(slot->bytes);
     {
       absl::MutexLock l(&mu_);
       slots_.push_back(slot);
@@ -203,10 +208,13 @@ class DraftHeadService::StreamReactor
         slot->resp.mutable_error()->set_code(static_cast<int>(s.code()));
         slot->resp.mutable_error()->set_message(std::string(s.message()));
       }
+      const uint64_t actual = slot->resp.ByteSizeLong();
+      account_.Settle(slot->bytes, actual);
       bool finish;
       {
         absl::MutexLock l(&mu_);
         slot->ready = true;
+        slot->bytes = actual;
         --outstanding_;
         finish = PumpLocked();
       }
@@ -226,6 +234,8 @@ class DraftHeadService::StreamReactor
     {
       absl::MutexLock l(&mu_);
       writing_ = false;
+      account_.WriteDone();
+      account_.Release(slots_.front()->bytes);
       slots_.pop_front();
       if (!ok) broken_ = true;
       finish = PumpLocked();
@@ -241,6 +251,7 @@ class DraftHeadService::StreamReactor
   struct Slot {
     v1::LogitsResponse resp;
     bool ready = false;
+    uint64_t bytes = 0;  // held in account_: expected until ready, then the answer's size
   };
 
   // Starts the next write / read as allowed; returns true when the caller must Finish (outside
@@ -249,13 +260,17 @@ class DraftHeadService::StreamReactor
     if (!writing_ && !slots_.empty() && slots_.front()->ready) {
       if (broken_) {
         // The client is gone: drop answers nobody can read.
-        while (!slots_.empty() && slots_.front()->ready) slots_.pop_front();
+        while (!slots_.empty() && slots_.front()->ready) {
+          account_.Release(slots_.front()->bytes);
+          slots_.pop_front();
+        }
       } else {
         writing_ = true;
+        account_.WriteStarted();
         StartWrite(&slots_.front()->resp);
       }
     }
-    if (!reading_ && !reads_done_ && !broken_ && slots_.size() < kMaxInFlight) {
+    if (!reading_ && !reads_done_ && !broken_ && slots_.size() < kMaxInFlight && account_.MayRead()) {
       reading_ = true;
       StartRead(&req_);
     }
@@ -278,6 +293,7 @@ class DraftHeadService::StreamReactor
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 
 grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* DraftHeadService::StreamLogits(

@@ -14,6 +14,7 @@
 #include "server/sched/metrics.h"
 #include "server/api/request.h"
 #include "server/regions/region_registry.h"
+#include "server/api/stream_budget.h"
 
 namespace drafthead {
 
@@ -30,6 +31,10 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
 
   // Until ready, logits RPCs answer UNAVAILABLE (weights still loading) and health is NOT_SERVING.
   void SetReady(bool ready) { ready_ = ready; }
+  // StreamLogits' backpressure (stream_budget.h); before serving (defaults otherwise).
+  void SetStreamBudget(const StreamBudgetOptions& options) {
+    stream_budget_ = std::make_unique<StreamBudget>(options);
+  }
 
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,
@@ -60,6 +65,7 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   Metrics* metrics_;
   regions::RegionRegistry* regions_ = nullptr;
   std::atomic<bool> ready_{false};
+  std::unique_ptr<StreamBudget> stream_budget_ = std::make_unique<StreamBudget>(StreamBudgetOptions{});
 };
 
 }  // namespace drafthead

@@ -45,6 +45,9 @@ ABSL_FLAG(absl::Duration, load_timeout, absl::Minutes(30), "How long rank 0 wait
 ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(), "On SIGTERM: keep answering for this long with health NOT_SERVING before refusing new RPCs");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "On SIGTERM: longest wait for in-flight RPCs");
 ABSL_FLAG(std::string, model_name, "drafthead", "The model's name in the KServe v2 API (inference.GRPCInferenceService)");
+ABSL_FLAG(uint64_t, stream_buffer_bytes, drafthead::StreamBudgetOptions{}.per_stream_bytes, "StreamLogits: answer bytes one stream may have waiting to be written before it is not read further");
+ABSL_FLAG(uint64_t, stream_buffer_total_bytes, drafthead::StreamBudgetOptions{}.total_bytes, "StreamLogits: the same for all streams together");
+ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::FromChrono(drafthead::StreamBudgetOptions{}.stall_limit), "StreamLogits: a stream whose caller reads nothing for this long is cancelled");
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus /metrics (empty: off)");
 ABSL_FLAG(std::string, tls_cert, "", "Server certificate (PEM) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "Server private key (PEM) for TLS");
@@ -172,6 +175,14 @@ absl::Status ResolveLimits(ServerConfig& c) {
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   if (c.drain_grace < absl::ZeroDuration()) return Bad("--drain-grace must be >= 0");
   if (c.drain_timeout < absl::ZeroDuration()) return Bad("--drain-timeout must be >= 0");
+  c.stream_budget.per_stream_bytes = absl::GetFlag(FLAGS_stream_buffer_bytes);
+  c.stream_budget.total_bytes = absl::GetFlag(FLAGS_stream_buffer_total_bytes);
+  if (c.stream_budget.per_stream_bytes == 0) return Bad("--stream-buffer-bytes must be > 0");
+  if (c.stream_budget.total_bytes < c.stream_budget.per_stream_bytes)
+    return Bad("--stream-buffer-total-bytes must be >= --stream-buffer-bytes");
+  if (absl::GetFlag(FLAGS_stream_stall_timeout) <= absl::ZeroDuration())
+    return Bad("--stream-stall-timeout must be > 0");
+  c.stream_budget.stall_limit = Ms(absl::GetFlag(FLAGS_stream_stall_timeout));
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "server/api/stream_budget.h"
 #include "server/backends/compute_backend.h"
 #include "server/engine/rank_engine.h"
 #include "server/regions/region_registry.h"
@@ -58,6 +59,7 @@ struct ServerConfig {
   regions::RegistryOptions shared_memory;  // --shared-memory (both kinds off by default)
   absl::Duration drain_grace = absl::ZeroDuration();
   absl::Duration drain_timeout = absl::Seconds(30);
+  StreamBudgetOptions stream_budget;  // StreamLogits backpressure
 
   LogLevel log_level = LogLevel::kInfo;
 };

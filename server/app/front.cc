@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   const v1::ModelInfo info = MakeModelInfo(c, m);
   f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get());
   f->service->SetRegions(f->regions.get());
+  f->service->SetStreamBudget(c.stream_budget);
   f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name),
                                               f->regions.get());
 

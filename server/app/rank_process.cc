@@ -230,6 +230,7 @@ int ServeAsRank0(const ServerConfig& c, const ModelLayout& m, RankEngine& engine
   // workers down.
   Log(LogLevel::kInfo, "draining", "signal", why.signal);
   if (c.drain_grace > absl::ZeroDuration()) absl::SleepFor(c.drain_grace);
+  front.health.EndWatches();  // endless streams: the shutdown below would wait out its deadline
   front.server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(c.drain_timeout));
   loop.Stop();
   loop_thread.join();

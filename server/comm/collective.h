@@ -10,9 +10,12 @@
 // just enqueued (synchronize the producing stream; note that cudaMemcpy from pageable host memory
 // may return before its DMA lands), and no other work may touch its buffers until the call
 // returns. On return the collective's own work on them is complete (it waits for its stream).
-// Failure: every call takes a timeout and returns a non-OK status (UNAVAILABLE for a lost peer,
-// DEADLINE_EXCEEDED for a timeout) instead of blocking forever. After a failure the collective is
-// broken: the only valid call is the destructor.
+// Failure: every call takes a timeout and returns a non-OK status instead of blocking forever.
+// One code for a broken group, whatever broke it (a lost peer, a timeout, a library or device
+// error), in every implementation: UNAVAILABLE (callers retry that code only), the cause in the
+// message (GroupFailure). INVALID_ARGUMENT only for a caller's misuse found before any exchange (a
+// device buffer given to a host-only collective). After a failure the collective is broken: later
+// calls answer UNAVAILABLE; the destructor is always valid.
 #pragma once
 
 #include <chrono>
@@ -21,8 +24,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace drafthead {
+
+// The failure of a group call as every Collective reports it: UNAVAILABLE, the original code kept
+// in the message ("deadline exceeded: ..."). OK stays OK.
+inline absl::Status GroupFailure(const absl::Status& s) {
+  if (s.ok() || s.code() == absl::StatusCode::kUnavailable) return s;
+  return absl::UnavailableError(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
+}
 
 enum class MemorySpace { kHost, kDevice };
 

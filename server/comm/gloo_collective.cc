@@ -46,19 +46,12 @@ class KvGlooStore : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-// Gloo throws on I/O failure and timeouts; map them to statuses once, here.
+// Gloo throws on I/O failure and timeouts; both are a broken group (UNAVAILABLE, the cause in the
+// message: "Timed out" for a timeout), mapped once, here.
 #define DH_GLOO_CHECK(stmt, rank)                                                             \
   do {                                                                                        \
     try {                                                                                     \
       stmt;                                                                                   \
-    } catch (const gloo::IoException& e) {                                                    \
-      broken_ = true;                                                                         \
-      const std::string what = e.what();                                                      \
-      const bool timed_out = what.find("Timed out") != std::string::npos ||                   \
-                             what.find("timed out") != std::string::npos;                     \
-      const std::string msg = absl::StrCat("gloo: ", FailureSite(#stmt, __FILE__, __LINE__, rank), \
-                                           ": ", what);                                       \
-      return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);      \
     } catch (const std::exception& e) {                                                       \
       broken_ = true;                                                                         \
       return absl::UnavailableError(                                                          \

@@ -1,6 +1,6 @@
 // An in-process Collective for unit tests: `world` ranks as threads of one process, exchanging
-// through shared memory with a generation barrier. Honors timeouts (DEADLINE_EXCEEDED) so tests
-// can exercise a rank that stops answering.
+// through shared memory with a generation barrier. Honors timeouts (UNAVAILABLE, as every
+// Collective's group failure) so tests can exercise a rank that stops answering.
 #pragma once
 
 #include <cstring>
@@ -38,7 +38,7 @@ class InProcGroup {
       if (cv_.WaitWithDeadline(&mu_, deadline) && gen_ == gen && !broken_) {
         broken_ = true;
         cv_.SignalAll();
-        return absl::DeadlineExceededError(absl::StrCat("inproc: rank ", rank, " timed out"));
+        return absl::UnavailableError(absl::StrCat("inproc: rank ", rank, " timed out waiting for the group"));
       }
     }
     if (broken_ && gen_ == gen) return absl::UnavailableError("inproc: group broken");

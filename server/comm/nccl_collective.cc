@@ -16,7 +16,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The collective is aborted on any failure (Fail), so later calls answer FAILED_PRECONDITION.
+// The collective is aborted on any failure (Fail), which reports it as a group failure
+// (UNAVAILABLE, collective.h); later calls answer UNAVAILABLE too.
 #define DH_NCCL_CHECK(expr) DH_RETURN_IF_ERROR(Fail(DH_NCCL_STATUS(expr, rank_, comm_)))
 #define DH_CUDA_CHECK(expr) DH_RETURN_IF_ERROR(Fail(DH_CUDA_STATUS(expr, rank_)))
 
@@ -62,7 +63,7 @@ class NcclCollective : public Collective {
     ncclUniqueId id;
     if (rank_ == 0) {
       DH_NCCL_CHECK(ncclGetUniqueId(&id));
-      DH_RETURN_IF_ERROR(store.Set(kUidKey, std::string(id.internal, sizeof(id.internal))));
+      DH_RETURN_IF_ERROR(Fail(store.Set(kUidKey, std::string(id.internal, sizeof(id.internal)))));
     } else {
       auto v = store.Get(kUidKey, timeout);
       if (!v.ok()) return Fail(v.status());
@@ -145,12 +146,12 @@ class NcclCollective : public Collective {
       if (comm_ != nullptr) ncclCommAbort(comm_);
       comm_ = nullptr;
     }
-    return s;
+    return GroupFailure(s);
   }
 
   absl::Status Usable() const {
     if (broken_)
-      return absl::FailedPreconditionError(
+      return absl::UnavailableError(
           absl::StrCat("nccl (rank ", rank_, "): the collective failed earlier and was aborted"));
     return absl::OkStatus();
   }

@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -165,12 +167,19 @@ struct MetricsServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& hostport,
-                                                                    const Metrics* metrics) {
+                                                                    const Metrics* metrics,
+                                                                    std::chrono::milliseconds io_timeout) {
   std::string host;
   int port;
   if (absl::Status s = SplitHostPort(hostport, &host, &port); !s.ok()) return s;
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->impl_ = std::make_unique<Impl>();
+  // Every blocking call on a scraper's socket is bounded (httplib's select/poll with these).
+  const auto sec = std::chrono::duration_cast<std::chrono::seconds>(io_timeout);
+  const auto usec = std::chrono::duration_cast<std::chrono::microseconds>(io_timeout - sec);
+  m->impl_->http.set_read_timeout(sec.count(), usec.count());
+  m->impl_->http.set_write_timeout(sec.count(), usec.count());
+  m->impl_->http.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(std::ceil(io_timeout.count() / 1000.0))));
   m->impl_->http.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -3,6 +3,8 @@
 // thread; recording takes one short mutex.
 #pragma once
 
+#include <chrono>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -68,11 +70,14 @@ class Metrics {
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Serves GET /metrics on host:port on its own thread until destroyed.
+// Serves GET /metrics on host:port on its own thread until destroyed. Never waits forever on a
+// scraper: reading a request, writing an answer and an idle keep-alive connection are each bounded
+// by io_timeout (a stalled or non-reading scraper is dropped then).
 class MetricsServer {
  public:
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& hostport,
-                                                              const Metrics* metrics);
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& hostport, const Metrics* metrics,
+      std::chrono::milliseconds io_timeout = std::chrono::seconds(5));
   ~MetricsServer();
   int port() const;
 

@@ -33,6 +33,7 @@ client/python_gen directory on sys.path (or PYTHONPATH), or set DRAFTHEAD_PY_STU
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -66,6 +67,12 @@ __all__ = ["RemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float
 
 # A full-logits answer for 64 fp32 rows of the default 129280-token vocabulary, plus headroom.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 129280 * 4 + (4 << 20)
+
+
+# Client-side balancing over replicas (RemoteDraftHead(balance_replicas=True)); the C++ client's
+# ClientOptions::balance_replicas sets the same.
+BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                                      "healthCheckConfig": {"serviceName": ""}})
 
 
 class DraftHeadError(RuntimeError):
@@ -120,13 +127,22 @@ class RemoteDraftHead:
     def __init__(self, target: str, *, tls: bool = False, root_ca: Optional[str] = None,
                  cert: Optional[str] = None, key: Optional[str] = None, server_name: Optional[str] = None,
                  timeout: float = 30.0, attempts: int = 3, initial_backoff: float = 0.05,
-                 max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
-        """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS)."""
+                 max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 balance_replicas: bool = False):
+        """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS).
+
+        balance_replicas: the target names several replicas (``dns:///drafthead-headless.NS.svc.
+        cluster.local:50051``, ``ipv4:10.0.0.1:50051,10.0.0.2:50051``): calls go round robin over
+        the addresses whose grpc.health.v1 Watch says SERVING, so a draining or failed replica
+        leaves the rotation at once. Leave it off for one server (a NOT_SERVING server, e.g. still
+        loading, would be unreachable, even for wait_until_serving)."""
         if bool(cert) != bool(key):
             raise ValueError("cert and key go together (mTLS needs both)")
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.enable_retries", 0)]
+        if balance_replicas:
+            opts.append(("grpc.service_config", BALANCED_SERVICE_CONFIG))
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
         if tls or root_ca or cert:

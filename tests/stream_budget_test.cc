@@ -1,0 +1,248 @@
+// StreamLogits backpressure (server/api/stream_budget.h), against a real server process: callers
+// that never read cost only themselves. 30 streams send full-logits requests and read nothing:
+// rank 0 computes at most what the budgets allow and its memory stays within them plus a fixed
+// margin, while a unary caller and a reading stream beside them keep their latency; a stream that
+// reads nothing past --stream-stall-timeout is cancelled. Cost: ~10 s on 2 loaded cores.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "e2e_util.h"
+#include "reference.h"
+
+namespace drafthead {
+namespace {
+
+using testing::Channel;
+using testing::ServerProcess;
+using testing::WaitServing;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kK = 256;
+constexpr int64_t kVocab = 16384;
+constexpr int kRows = 8;                                // full logits: 8 x 16384 x 4 = 512 KiB an answer
+constexpr uint64_t kAnswer = kRows * kVocab * 4;
+constexpr uint64_t kPerStream = 2 * kAnswer - 1;        // two answers held, then not read further
+constexpr uint64_t kTotal = 8 * kAnswer;
+constexpr int kDeafStreams = 30;
+constexpr int kRequestsPerStream = 40;                  // 1200 answers (600 MiB) if nothing held back
+constexpr uint64_t kMargin = 64ull << 20;               // allocator, gRPC buffers, request windows
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMemoryMeasurable = false;  // ASan's quarantine keeps freed memory resident
+#else
+constexpr bool kMemoryMeasurable = true;
+#endif
+
+v1::LogitsRequest Req(int rows, v1::Mode mode, uint64_t seed) {
+  const auto x = ref::RandomBf16(rows * kK, seed);
+  v1::LogitsRequest r;
+  r.set_rows(rows);
+  r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), x.size() * 2));
+  r.set_mode(mode);
+  r.set_logits_dtype(v1::FP32);
+  r.set_request_id(seed);
+  return r;
+}
+
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// drafthead_requests_total{mode="full_logits",code="OK"} from /metrics.
+int FullLogitsAnswered(int metrics_port) {
+  httplib::Client http("127.0.0.1", metrics_port);
+  http.set_read_timeout(5, 0);
+  auto res = http.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  const std::string key = "drafthead_requests_total{mode=\"full_logits\",code=\"OK\"} ";
+  const size_t at = res->body.find(key);
+  return at == std::string::npos ? 0 : std::stoi(res->body.substr(at + key.size()));
+}
+
+double MedianMs(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? -1 : v[v.size() / 2];
+}
+
+// Median latency of n unary M=1 argmax calls, and of n requests on one reading stream.
+struct Latency {
+  double unary_ms, stream_ms;
+  int failed = 0;
+};
+Latency WellBehavedCaller(const std::string& target, int n) {
+  Latency out{};
+  auto stub = v1::DraftHead::NewStub(Channel(target));
+  std::vector<double> unary, stream;
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::LogitsResponse resp;
+    const auto t0 = Clock::now();
+    if (!stub->ComputeLogits(&ctx, Req(1, v1::ARGMAX, 100 + i), &resp).ok()) ++out.failed;
+    unary.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto rw = stub->StreamLogits(&ctx);
+  for (int i = 0; i < n; ++i) {
+    v1::LogitsResponse resp;
+    const auto t0 = Clock::now();
+    if (!rw->Write(Req(1, v1::ARGMAX, 200 + i)) || !rw->Read(&resp) || resp.has_error()) ++out.failed;
+    stream.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  rw->WritesDone();
+  if (!rw->Finish().ok()) ++out.failed;
+  out.unary_ms = MedianMs(unary);
+  out.stream_ms = MedianMs(stream);
+  return out;
+}
+
+// A stream that sends requests and never reads; its writer blocks once flow control stops it,
+// until the context is cancelled. Its channel does not probe bandwidth (BDP), so the caller's
+// receive window stays at HTTP/2's 64 KiB: what it does not read stays with the server.
+std::shared_ptr<grpc::Channel> DeafChannel(const std::string& target) {
+  grpc::ChannelArguments ca;
+  ca.SetMaxReceiveMessageSize(-1);
+  ca.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ca);
+}
+
+struct DeafStream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> rw;
+  std::thread writer;
+  std::atomic<int> written{0};
+  std::atomic<bool> write_failed{false};
+};
+
+void StartDeaf(DeafStream& d, v1::DraftHead::Stub& stub, int requests) {
+  d.rw = stub.StreamLogits(&d.ctx);
+  d.writer = std::thread([&d, requests] {
+    for (int i = 0; i < requests; ++i) {
+      if (!d.rw->Write(Req(kRows, v1::FULL_LOGITS, 1000 + i))) {
+        d.write_failed = true;
+        return;
+      }
+      ++d.written;
+    }
+  });
+}
+
+class StreamBudgetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    target_ = "127.0.0.1:" + std::to_string(testing::FreePort());
+    metrics_port_ = testing::FreePort();
+  }
+  std::vector<std::string> Args(const std::string& stall) {
+    return {"--tp=1", "--backend=cpu", "--comm=gloo", "--listen=" + target_, "--threads=1",
+            "--synthetic=5", "--hidden-size=" + std::to_string(kK), "--padded-vocab=" + std::to_string(kVocab),
+            "--metrics-listen=127.0.0.1:" + std::to_string(metrics_port_),
+            "--stream-buffer-bytes=" + std::to_string(kPerStream),
+            "--stream-buffer-total-bytes=" + std::to_string(kTotal), "--stream-stall-timeout=" + stall};
+  }
+  testutil::TempDir tmp_;
+  std::string target_;
+  int metrics_port_ = 0;
+};
+
+TEST_F(StreamBudgetTest, CallersThatNeverReadCostOnlyThemselves) {
+  ServerProcess p(Args("10m"), tmp_.path() + "/server.log");
+  ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();
+  // Warm up (allocator pools, gRPC threads) with a reading stream of the same answers.
+  {
+    auto stub = v1::DraftHead::NewStub(Channel(target_));
+    grpc::ClientContext ctx;
+    auto rw = stub->StreamLogits(&ctx);
+    for (int i = 0; i < 8; ++i) {
+      v1::LogitsResponse resp;
+      ASSERT_TRUE(rw->Write(Req(kRows, v1::FULL_LOGITS, i)) && rw->Read(&resp));
+      ASSERT_FALSE(resp.has_error()) << resp.error().message();
+      ASSERT_EQ(resp.logits().size(), kAnswer);
+    }
+    rw->WritesDone();
+    ASSERT_TRUE(rw->Finish().ok());
+  }
+  const Latency before = WellBehavedCaller(target_, 9);
+  const uint64_t rss_before = RssBytes(p.pid());
+  const int answered_before = FullLogitsAnswered(metrics_port_);
+
+  auto stub = v1::DraftHead::NewStub(DeafChannel(target_));
+  std::vector<std::unique_ptr<DeafStream>> deaf;
+  for (int s = 0; s < kDeafStreams; ++s) {
+    deaf.push_back(std::make_unique<DeafStream>());
+    StartDeaf(*deaf.back(), *stub, kRequestsPerStream);
+  }
+  // Wait until rank 0 stops computing for them: the answered count unchanged for 1.5 s.
+  int last = -1, answered = 0;
+  auto stable_since = Clock::now();
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < until && Clock::now() - stable_since < std::chrono::milliseconds(1500)) {
+    answered = FullLogitsAnswered(metrics_port_) - answered_before;
+    if (answered != last) {
+      last = answered;
+      stable_since = Clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const uint64_t rss_during = RssBytes(p.pid());
+  const Latency during = WellBehavedCaller(target_, 9);
+  const uint64_t growth = rss_during > rss_before ? rss_during - rss_before : 0;
+  std::printf("deaf streams: %d answers computed (of %d sent), rank 0 RSS %.1f -> %.1f MiB (+%.1f, bound %.1f)\n"
+              "well-behaved caller: unary argmax median %.1f -> %.1f ms, stream %.1f -> %.1f ms\n",
+              answered, kDeafStreams * kRequestsPerStream, rss_before / 1048576.0, rss_during / 1048576.0,
+              growth / 1048576.0, (kTotal + kDeafStreams * kAnswer + kMargin) / 1048576.0, before.unary_ms,
+              during.unary_ms, before.stream_ms, during.stream_ms);
+  // Each deaf stream holds at most two answers (its budget), and rank 0's memory grows by at most
+  // the budgets (the total, plus one answer per stream that holds nothing) and a fixed margin.
+  EXPECT_LE(answered, 2 * kDeafStreams);
+  EXPECT_GE(answered, kDeafStreams);  // every stream got its first answer: none starved
+  if (kMemoryMeasurable) EXPECT_LE(growth, kTotal + kDeafStreams * kAnswer + kMargin);
+  // The well-behaved caller is not held back (with nothing held back rank 0 computes 600 MiB of
+  // answers first: seconds).
+  EXPECT_EQ(during.failed + before.failed, 0);
+  EXPECT_LT(during.unary_ms, 500) << "before: " << before.unary_ms;
+  EXPECT_LT(during.stream_ms, 500) << "before: " << before.stream_ms;
+  for (auto& d : deaf) d->ctx.TryCancel();
+  for (auto& d : deaf) d->writer.join();
+  kill(p.pid(), SIGTERM);
+  EXPECT_NE(p.Wait(std::chrono::seconds(30)), -1);
+}
+
+TEST_F(StreamBudgetTest, AStreamThatReadsNothingIsCancelledAfterTheStallTimeout) {
+  ServerProcess p(Args("1s"), tmp_.path() + "/server.log");
+  ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();
+  auto stub = v1::DraftHead::NewStub(DeafChannel(target_));
+  DeafStream d;
+  d.ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  StartDeaf(d, *stub, 1000);  // far more than flow control and the budget let through
+  // The server cancels the stream once its first answer has waited 1 s to be written.
+  const auto t0 = Clock::now();
+  while (p.Log().find("event=stream_cancelled") == std::string::npos && Clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_NE(p.Log().find("event=stream_cancelled"), std::string::npos) << p.Log();
+  // The caller learns it when it reads at last (gRPC gives a call's status only after its messages).
+  v1::LogitsResponse resp;
+  int read = 0;
+  while (d.rw->Read(&resp)) ++read;
+  EXPECT_LE(read, 2) << "answers the caller got before the cancellation";
+  d.writer.join();
+  const grpc::Status s = d.rw->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  // The server goes on serving.
+  const Latency after = WellBehavedCaller(target_, 3);
+  EXPECT_EQ(after.failed, 0);
+}
+
+}  // namespace
+}  // namespace drafthead
