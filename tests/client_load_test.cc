@@ -190,7 +190,10 @@ TEST(LoadTester, OpenLoopKeepsTheScheduleAgainstASlowServer) {
   ASSERT_TRUE(r.ok()) << r.status();
   // Sent on schedule: 1500 in 1.5 s, whatever the server did.
   EXPECT_NEAR(static_cast<double>(r->issued), 1500.0, 30.0);
-  EXPECT_LT(r->send_lag.Percentile(0.99), 50e6) << "the scheduler fell behind (ns)";
+  // The median, not the tail: on a starved machine (CI's 2 cores under a parallel ctest, ASan) a
+  // few sends run late and are caught up, which the count above already allows for; a scheduler
+  // that paced itself by the answers would be behind for most of the run.
+  EXPECT_LT(r->send_lag.Percentile(0.5), 50e6) << "the scheduler fell behind (ns)";
   EXPECT_EQ(r->ok, r->issued);
   // Answered at the server's pace, so the backlog and the latency grow over the run.
   EXPECT_LT(r->ok_per_s, 700.0);
