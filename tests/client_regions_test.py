@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client_test_util import CLIENT, RealServerTestCase, bf16_bits  # noqa: E402
 
 import drafthead_client as dc  # noqa: E402
-from drafthead_client.regions import SystemRegion  # noqa: E402
+from drafthead_client.regions import SystemRegion, _cuda_ipc_handle  # noqa: E402
 
 K, PADDED, VOCAB = 256, 4096, 4001
 
@@ -66,6 +66,22 @@ class ClientRegionsTest(RealServerTestCase):
         for r in reports.values():
             self.assertEqual(r["runs"][0]["ok"], 40)
             self.assertEqual(r["runs"][0]["errors"], 0)
+
+
+class TorchHandleFormatTest(unittest.TestCase):
+    """torch's storage export of a CUDA IPC handle, as the H200 run met it (2026-12-03: 66 bytes,
+    version and kind bytes before the cudaIpcMemHandle_t), without torch or a GPU."""
+
+    def test_the_64_bytes_are_found_in_every_format(self):
+        raw = bytes(range(64))
+        self.assertEqual(_cuda_ipc_handle(raw), raw)                 # older torch
+        self.assertEqual(_cuda_ipc_handle(b"\x01c" + raw), raw)     # version, cudaMalloc block
+
+    def test_an_expandable_segment_or_unknown_format_is_refused_with_the_reason(self):
+        with self.assertRaisesRegex(ValueError, "expandable"):
+            _cuda_ipc_handle(b"\x01e" + bytes(80))
+        with self.assertRaisesRegex(ValueError, "65-byte"):
+            _cuda_ipc_handle(bytes(65))
 
 
 if __name__ == "__main__":

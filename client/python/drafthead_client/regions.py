@@ -131,6 +131,21 @@ def _allocation_offset(ptr: int) -> int:
     return ptr - base.value
 
 
+def _cuda_ipc_handle(exported: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t inside torch's export of a storage. Recent torch prefixes it
+    with a format version byte and a kind byte ('c': a cudaMalloc block; 'e': an expandable
+    segment, whose memory has no cudaIpcMemHandle_t); older torch gives the 64 bytes alone."""
+    exported = bytes(exported)
+    if len(exported) == 64:
+        return exported
+    if len(exported) == 66 and exported[1:2] == b"c":
+        return exported[2:]
+    if len(exported) >= 2 and exported[1:2] == b"e":
+        raise ValueError("from_tensor: the tensor lives in an expandable segment, which has no CUDA IPC "
+                         "handle; run without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    raise ValueError(f"from_tensor: torch exported a {len(exported)}-byte handle of an unknown format")
+
+
 class CudaRegion(_Region):
     """CUDA memory of this process registered by its IPC handle as a CUDA_IPC region; the server
     maps it on its GPU. Holds a reference to the tensor / array so the memory outlives the
@@ -151,7 +166,7 @@ class CudaRegion(_Region):
         storage = tensor.untyped_storage()
         # (device, handle, storage bytes, storage offset in the allocation, ...): torch's own export.
         shared = storage._share_cuda_()
-        handle, storage_offset = shared[1], shared[3]
+        handle, storage_offset = _cuda_ipc_handle(shared[1]), shared[3]
         import torch  # present: the tensor is one
         device = _pci_bus_id(torch.cuda.get_device_properties(tensor.device))
         offset = storage_offset + tensor.storage_offset() * tensor.element_size()
