@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, CLIENT, bf16_bits, free_port, stop  # noqa: E402
+from client_test_util import BIN, CLIENT, RealServer, bf16_bits, free_port, stop  # noqa: E402
 
 from drafthead.v1 import drafthead_pb2 as pb, drafthead_pb2_grpc as pb_grpc  # noqa: E402
 from inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
@@ -270,6 +270,39 @@ class KServePythonTest(unittest.TestCase):
         inf = self.bits.copy()
         inf[4, 7] = 0x7F80
         self.assert_bad(infer_request(inf), "hidden: non-finite value at row 4, column 7")
+
+
+class KServeStreamBackpressureTest(unittest.TestCase):
+    """ModelStreamInfer counts against StreamLogits' budgets (--stream-buffer-bytes, stall timeout):
+    a caller that sends 16 MiB answers' worth of requests and never reads is not read further and is
+    cancelled after --stream-stall-timeout, and the server goes on answering others. About 4 s."""
+
+    def test_a_stream_that_never_reads_is_cancelled_and_costs_only_itself(self):
+        d = tempfile.mkdtemp(prefix="dh-kserve-budget-")
+        server = RealServer(["--tp=1", "--backend=cpu", "--comm=gloo", "--threads=1", "--synthetic=3",
+                             "--hidden-size=64", "--padded-vocab=65536", "--max-rows=64",
+                             "--stream-buffer-bytes=4000000", "--stream-buffer-total-bytes=8000000",
+                             "--stream-stall-timeout=2s"], d)
+        try:
+            stub = kpb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.target))
+            x = np.ones((64, 64), np.float32)
+            req = kpb.ModelInferRequest(model_name="drafthead")
+            req.inputs.add(name="hidden", datatype="FP32", shape=[64, 64])
+            req.raw_input_contents.append(x.tobytes())
+            req.parameters["logits_dtype"].string_param = "FP32"  # 64 x 65536 x 4 = 16 MiB an answer
+            answers = stub.ModelStreamInfer(iter([req] * 200))   # never read until the end
+            time.sleep(4)
+            with self.assertRaises(grpc.RpcError) as cm:
+                for _ in answers:
+                    pass
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.CANCELLED)
+            small = kpb.ModelInferRequest(model_name="drafthead")
+            small.inputs.add(name="hidden", datatype="FP32", shape=[1, 64])
+            small.raw_input_contents.append(x[:1].tobytes())
+            small.parameters["mode"].string_param = "argmax"
+            self.assertEqual(len(stub.ModelInfer(small, timeout=TIMEOUT).outputs), 2)
+        finally:
+            server.close()
 
 
 if __name__ == "__main__":

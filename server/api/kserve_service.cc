@@ -89,11 +89,13 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
 }
 
 void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
-                          std::function<void(const absl::Status&, inference::ModelInferResponse*)> done) {
+                          std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
+                          const std::function<void(const v1::LogitsRequest&)>& admitted) {
   auto translated = kserve::TranslateRequest(req, model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
   if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
   auto t = std::make_shared<const kserve::TranslatedRequest>(std::move(translated).value());
+  if (admitted) admitted(t->native);
   native_.Submit(ctx, t->native, [this, t, done = std::move(done)](const absl::Status& s,
                                                                    v1::LogitsResponse* native) {
     if (!s.ok() || native == nullptr) return done(kserve::InTensorTerms(s), nullptr);
@@ -117,13 +119,17 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
 
 // One stream: requests are read continuously and submitted as they come (so they batch with each
 // other and with everyone else's); answers are queued as they complete and written one at a time.
-// At most kMaxInFlight requests are unanswered before reading pauses.
+// Backpressure as StreamLogits has it (stream_budget.h, the native service's budget): answers
+// waiting to be written count against the stream's and the server's bytes, and a caller that reads
+// nothing is cancelled. An answer still in compute holds its expected size
+// (ExpectedAnswerBytes of the translated request, reserved as Infer admits it).
 class KServeService::StreamReactor
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
   static constexpr size_t kMaxInFlight = 256;
 
-  StreamReactor(KServeService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
+  StreamReactor(KServeService* svc, grpc::CallbackServerContext* ctx)
+      : svc_(svc), ctx_(ctx), account_(svc->native_.stream_budget(), [ctx] { ctx->TryCancel(); }) {
     reading_ = true;
     StartRead(&req_);
   }
@@ -134,8 +140,14 @@ class KServeService::StreamReactor
         absl::MutexLock l(&mu_);
         ++unanswered_;
       }
-      svc_->Infer(ctx_, req_, [this, id = req_.id()](const absl::Status& s,
-                                                      inference::ModelInferResponse* r) {
+      // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
+      auto reserved = std::make_shared<uint64_t>(0);
+      auto admitted = [this, reserved](const v1::LogitsRequest& native) {
+        *reserved = ExpectedAnswerBytes(native, svc_->model_.vocab_size);
+        account_.Reserve(*reserved);
+      };
+      svc_->Infer(ctx_, req_, [this, reserved, id = req_.id()](const absl::Status& s,
+                                                                inference::ModelInferResponse* r) {
         auto answer = std::make_unique<inference::ModelStreamInferResponse>();
         if (s.ok() && r != nullptr) {
           answer->mutable_infer_response()->Swap(r);
@@ -146,8 +158,9 @@ class KServeService::StreamReactor
           echo->set_model_version(kserve::kModelVersion);
           echo->set_id(id);
         }
+        account_.Settle(*reserved, answer->ByteSizeLong());
         Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
-      });
+      }, admitted);
     }
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       reading_ = false;
@@ -158,6 +171,8 @@ class KServeService::StreamReactor
   void OnWriteDone(bool ok) override {
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       writing_ = false;
+      account_.WriteDone();
+      account_.Release(answers_.front()->ByteSizeLong());
       answers_.pop_front();
       --unanswered_;
       if (!ok) broken_ = true;
@@ -184,14 +199,16 @@ class KServeService::StreamReactor
     if (!writing_ && !answers_.empty()) {
       if (broken_) {
         // The client is gone: drop answers nobody can read.
+        for (const auto& a : answers_) account_.Release(a->ByteSizeLong());
         unanswered_ -= answers_.size();
         answers_.clear();
       } else {
         writing_ = true;
+        account_.WriteStarted();
         StartWrite(answers_.front().get());
       }
     }
-    if (!reading_ && !reads_done_ && !broken_ && unanswered_ < kMaxInFlight) {
+    if (!reading_ && !reads_done_ && !broken_ && unanswered_ < kMaxInFlight && account_.MayRead()) {
       reading_ = true;
       StartRead(&req_);
     }
@@ -214,6 +231,7 @@ class KServeService::StreamReactor
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*

@@ -87,9 +87,12 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   class StreamReactor;
 
   // Translates, submits to the native service and translates the answer; `done` is called
-  // exactly once (possibly before Infer returns), with the answer only when OK.
+  // exactly once (possibly before Infer returns), with the answer only when OK. `admitted`, when
+  // given, sees the native request of a translated one just before it is submitted (a stream
+  // reserves its answer's bytes there).
   void Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
-             std::function<void(const absl::Status&, inference::ModelInferResponse*)> done);
+             std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
+             const std::function<void(const v1::LogitsRequest&)>& admitted = nullptr);
 
   DraftHeadService& native_;
   const HealthService& health_;

@@ -35,6 +35,8 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   void SetStreamBudget(const StreamBudgetOptions& options) {
     stream_budget_ = std::make_unique<StreamBudget>(options);
   }
+  // The budget every stream of this server counts against, the KServe streams' too.
+  StreamBudget& stream_budget() { return *stream_budget_; }
 
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,
