@@ -106,11 +106,19 @@ class UnaryCall final : public grpc::ClientUnaryReactor {
 // One StreamLogits stream carrying many in-flight messages, answered in order, so the send times
 // wait in a FIFO. A mutex per stream orders writes (gRPC allows one outstanding write per stream);
 // statistics stay lock-free.
+//
+// An answer's reaction may decide the stream's next message while gRPC runs the next read's
+// reaction on another thread (StartRead is issued before the answer is recorded), and either of
+// them may be the one that sees the count reached and closes the stream. So a stream half-closes
+// only once no reaction is in progress, and a closing stream still takes a message until then: a
+// request counted as issued is always sent, or recorded as failed when the stream broke.
 class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(Run* run, size_t index) : run_(run), index_(index) {}
+  // Prepares the call and its first read; Start() sends what was queued before it.
   void Open();
-  // Queues one message scheduled at `scheduled_ns`; false if the stream is closing or broken.
+  void Start() { StartCall(); }
+  // Queues one message scheduled at `scheduled_ns`; false if the stream is broken or half-closed.
   bool Enqueue(int64_t scheduled_ns, uint64_t seq);
   // No more messages: half-close once the queue has drained.
   void Close();
@@ -139,6 +147,7 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  int reacting_ ABSL_GUARDED_BY(mu_) = 0;  // answers being recorded (they may enqueue the next)
 };
 
 class Run {
@@ -248,13 +257,20 @@ class Run {
     if (!closed_loop_) return;
     if (ShouldIssue(now)) {
       inflight_.fetch_add(1, std::memory_order_acq_rel);
-      if (!s->Enqueue(now, NextSeq())) {
+      const uint64_t seq = NextSeq();
+      if (!s->Enqueue(now, seq)) {
+        RecordBroken(now, seq);
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
         s->Close();
       }
     } else {
       s->Close();
     }
+  }
+  // A request counted as issued that its stream could not take (broken): a failure, not a loss.
+  void RecordBroken(int64_t scheduled_ns, uint64_t seq) {
+    static const std::string kBroken = "stream broken";
+    Record(scheduled_ns, NowNs(), seq, static_cast<int>(grpc::StatusCode::UNAVAILABLE), ScannedResponse{}, &kBroken);
   }
   void StreamLost(int64_t n) { inflight_.fetch_sub(n, std::memory_order_acq_rel); }
   void StreamEnded(bool failed) {
@@ -324,12 +340,11 @@ void StreamCall::Open() {
   run_->Stub(index_)->PrepareBidiStreamingCall(&ctx_, run_->StreamMethod(), grpc::StubOptions(), this);
   AddHold();  // writes come from outside reactions (scheduler, other streams): keep OnDone away
   StartRead(&read_buf_);
-  StartCall();
 }
 
 bool StreamCall::Enqueue(int64_t scheduled_ns, uint64_t seq) {
   absl::MutexLock l(&mu_);
-  if (closing_ || broken_) return false;
+  if (released_ || broken_) return false;
   awaiting_.push_back({scheduled_ns, seq});
   ++unwritten_;
   if (!writing_) WriteNextLocked();
@@ -351,7 +366,7 @@ void StreamCall::Close() {
 }
 
 void StreamCall::MaybeFinishLocked() {
-  if (released_ || writing_) return;
+  if (released_ || writing_ || reacting_ > 0) return;
   if (broken_ || (closing_ && awaiting_.empty())) {
     released_ = true;
     if (!broken_) StartWritesDone();
@@ -389,16 +404,18 @@ void StreamCall::OnReadDone(bool ok) {
       p = awaiting_.front();
       awaiting_.pop_front();
       matched = true;
+      ++reacting_;
     }
   }
   StartRead(&read_buf_);
   if (!matched) return;  // an answer to nothing we sent: ignore (the server broke ordering)
   run_->Record(p.scheduled_ns, now, p.seq, code, r, msg);
   run_->StreamMessageDone(this, now);
-  // Open loop: the scheduler closed the stream while answers were outstanding; the last one
-  // half-closes it.
+  // The stream was closed (by this reaction, another one, or the open-loop scheduler) while
+  // answers were outstanding: the last reaction half-closes it.
   absl::MutexLock l(&mu_);
-  if (closing_) MaybeFinishLocked();
+  --reacting_;
+  MaybeFinishLocked();
 }
 
 void StreamCall::OnDone(const grpc::Status& s) {
@@ -462,8 +479,7 @@ void Run::OpenLoop() {
     if (o_.stream) {
       StreamCall* s = streams_[next_stream++ % streams_.size()].get();
       if (!s->Enqueue(sched, seq)) {
-        static const std::string kBroken = "stream broken";
-        Record(sched, NowNs(), seq, static_cast<int>(grpc::StatusCode::UNAVAILABLE), ScannedResponse{}, &kBroken);
+        RecordBroken(sched, seq);
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
       }
     } else {
@@ -553,13 +569,19 @@ absl::StatusOr<LoadResult> Run::Execute() {
   }
   if (closed_loop_) {
     if (o_.stream) {
-      // Spread the in-flight messages over the streams; each answer sends the next on its stream.
+      // Spread the in-flight messages over the streams, queued before the calls start so no answer
+      // can race the first sends; each answer then sends the next on its stream.
       for (int i = 0; i < o_.concurrency; ++i) {
         const int64_t now = NowNs();
         if (!ShouldIssue(now)) break;
         inflight_.fetch_add(1, std::memory_order_acq_rel);
-        if (!streams_[i % streams_.size()]->Enqueue(now, NextSeq())) inflight_.fetch_sub(1, std::memory_order_acq_rel);
+        const uint64_t seq = NextSeq();
+        if (!streams_[i % streams_.size()]->Enqueue(now, seq)) {
+          RecordBroken(now, seq);
+          inflight_.fetch_sub(1, std::memory_order_acq_rel);
+        }
       }
+      for (auto& s : streams_) s->Start();
       // Streams that got nothing (concurrency < streams) close at once.
       for (size_t i = static_cast<size_t>(o_.concurrency); i < streams_.size(); ++i) streams_[i]->Close();
       if (stop_.load()) {
@@ -584,6 +606,7 @@ absl::StatusOr<LoadResult> Run::Execute() {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } else {
+    for (auto& s : streams_) s->Start();
     OpenLoop();
   }
   WaitForQuiet();
