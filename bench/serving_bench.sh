@@ -4,8 +4,8 @@
 #   bench/serving_bench.sh overhead [BUILD_DIR] [SECONDS_PER_POINT]
 #     Issue 11's CPU target: a trivial head (K=64, 256 rows, synthetic) at c=1 against
 #     drafthead-fake-server (an instant answer: gRPC and the client alone) in the same run, tp=1
-#     and tp=2 over Gloo, M=1 ARGMAX and M=5 TOP_K k=8, unary and stream; p50 ratios and the
-#     server's stage breakdown (Timing).
+#     and tp=2 over Gloo (its TCP pairs, then its same-host Unix-socket links), M=1 ARGMAX and M=5
+#     TOP_K k=8, unary and stream; p50 ratios and the server's stage breakdown (Timing).
 #   bench/serving_bench.sh [BUILD_DIR] [SECONDS_PER_POINT] [SOAK_SECONDS]
 #     Issue 4's figures: a tp=4 CPU group at the real shapes (synthetic weights), M=5 TOP_K k=8
 #     requests at concurrency 1, 8, 64, with batching on (default) and off
@@ -27,8 +27,9 @@ if [ "${1:-}" = overhead ]; then
   fake_port=$port fake_pid=$pid
   ratios=()
   point_header
-  for tp in 1 2; do
-    serve "$srv" "$tmp/srv$tp.log" --tp=$tp --backend=cpu --comm=gloo --threads=1 --synthetic=1 "${shapes[@]}"
+  for cfg in "1|tp=1|" "2|tp=2 tcp|--same-host-links=false" "2|tp=2 unix|--same-host-links=true"; do
+    IFS='|' read -r tp name links <<<"$cfg"
+    serve "$srv" "$tmp/srv$tp.log" --tp=$tp --backend=cpu --comm=gloo --threads=1 --synthetic=1 "${shapes[@]}" $links
     for m in "${modes[@]}"; do
       for s in unary stream; do
         flag=; [ $s = stream ] && flag=--stream
@@ -37,8 +38,8 @@ if [ "${1:-}" = overhead ]; then
         point "fake ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
         fp50=$p50
         port=$srv_port
-        point "tp=$tp ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
-        ratios+=("| tp=$tp | ${m%%|*} | $s | $fp50 | $p50 | $(python3 -c "print(f'{$p50/$fp50:.2f}x')") |")
+        point "$name ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
+        ratios+=("| $name | ${m%%|*} | $s | $fp50 | $p50 | $(python3 -c "print(f'{$p50/$fp50:.2f}x')") |")
       done
     done
     unserve

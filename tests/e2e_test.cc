@@ -234,6 +234,7 @@ TEST_F(E2E, FourRanksServeEveryModeAndRejectBadInput) {
 struct FaultCase {
   int worker;  // index among rank 0's children (rank = worker + 1)
   int signal;  // SIGKILL: a dead rank; SIGSTOP: a hung one
+  bool links = true;  // --same-host-links (the default); false: Gloo's TCP pairs carry the batches
 };
 
 class RankFault : public E2E, public ::testing::WithParamInterface<FaultCase> {};
@@ -245,8 +246,11 @@ TEST_P(RankFault, RequestsFailUnavailableAndTheGroupExits) {
   auto args = Base(3);
   for (auto a : {"--synthetic=3", "--hidden-size=256", "--padded-vocab=3000", "--op-timeout=2s"})
     args.push_back(a);
+  args.push_back(fc.links ? "--same-host-links=true" : "--same-host-links=false");
   ServerProcess p(args, dir_ + "/server.log");
   ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();
+  EXPECT_NE(p.Log().find(fc.links ? "transport=unix" : "transport=tcp"), std::string::npos)
+      << p.Log();
   auto kids = testing::ChildPids(p.pid());
   ASSERT_EQ(kids.size(), 2u);
   std::atomic<bool> stop{false};
@@ -303,10 +307,11 @@ TEST_P(RankFault, RequestsFailUnavailableAndTheGroupExits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EachWorker, RankFault,
-                         ::testing::Values(FaultCase{0, SIGKILL}, FaultCase{1, SIGKILL}, FaultCase{1, SIGSTOP}),
+                         ::testing::Values(FaultCase{0, SIGKILL}, FaultCase{1, SIGKILL}, FaultCase{1, SIGSTOP},
+                                           FaultCase{1, SIGKILL, false}, FaultCase{1, SIGSTOP, false}),
                          [](const auto& info) {
                            return std::string(info.param.signal == SIGKILL ? "kill" : "hang") + "_rank" +
-                                  std::to_string(info.param.worker + 1);
+                                  std::to_string(info.param.worker + 1) + (info.param.links ? "" : "_tcp");
                          });
 
 // A minimal safetensors writer, independent of the server's.

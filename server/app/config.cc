@@ -29,6 +29,9 @@ ABSL_FLAG(int, local_rank, -1, "This rank's index on its host (GPU choice); defa
 ABSL_FLAG(std::string, bind_host, "", "Address this rank's collectives listen on (default: 127.0.0.1 when the leader is loopback, else this host's name)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(std::string, comm, "gloo", "Collectives: gloo or nccl");
+ABSL_FLAG(bool, same_host_links, true,
+          "--comm=gloo: when every rank shares rank 0's host, move batches and payloads over Unix sockets "
+          "(one thread wake-up a message) instead of Gloo's TCP pairs; false keeps TCP");
 ABSL_FLAG(std::string, devices, "", "CUDA device per local rank, comma-separated (default: the local rank)");
 ABSL_FLAG(int, threads, 0, "CPU backend threads per rank (0: hardware threads / ranks on this host)");
 ABSL_FLAG(std::string, isa, "auto", "CPU backend GEMV: auto (the widest this CPU has), avx512bf16, avx2 or scalar");
@@ -103,6 +106,7 @@ absl::Status ResolveGroup(ServerConfig& c) {
 absl::Status ResolveCompute(ServerConfig& c) {
   c.backend = absl::GetFlag(FLAGS_backend);
   c.comm = absl::GetFlag(FLAGS_comm);
+  c.same_host_links = absl::GetFlag(FLAGS_same_host_links);
   if (c.backend != "cpu" && c.backend != "cuda") return Bad("--backend must be cpu or cuda");
   if (c.comm != "gloo" && c.comm != "nccl") return Bad("--comm must be gloo or nccl");
   if (c.comm == "nccl" && c.backend != "cuda") return Bad("--comm=nccl needs --backend=cuda");

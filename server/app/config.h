@@ -46,6 +46,7 @@ struct ServerConfig {
   int64_t vocab_size = 0; // 0: every row of the head (checked against the head once it is probed)
   std::string backend;    // "cpu" or "cuda"
   std::string comm;       // "gloo" or "nccl"
+  bool same_host_links = true;  // --comm=gloo: Unix-socket links when every rank shares rank 0's host
   BackendOptions backend_options;  // threads resolved (> 0); device from --devices, or -1
   EngineOptions engine;            // op/load timeouts, max_rows
 

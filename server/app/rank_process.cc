@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Collective>> JoinGroup(const ServerConfig& c, con
   const auto t0 = Clock::now();
   absl::StatusOr<std::unique_ptr<Collective>> comm;
   if (c.comm == "gloo") {
-    comm = MakeGlooCollective(c.rank, c.world, BindHost(c, leader_host), **kv, c.join_timeout);
+    comm = MakeGlooCollective(c.rank, c.world, BindHost(c, leader_host), **kv, c.join_timeout, c.same_host_links);
   } else {
 #if defined(DRAFTHEAD_HAVE_CUDA)
     comm = MakeNcclCollective(c.rank, c.world, c.backend_options.device, **kv, c.join_timeout);
@@ -114,7 +114,8 @@ absl::StatusOr<std::unique_ptr<Collective>> JoinGroup(const ServerConfig& c, con
 #endif
   }
   if (!comm.ok()) return StepFailed("join_failed", comm.status());
-  Log(LogLevel::kInfo, "joined_group", "world", c.world, "comm", c.comm, "ms", MsSince(t0));
+  Log(LogLevel::kInfo, "joined_group", "world", c.world, "comm", c.comm, "transport", (*comm)->transport(), "ms",
+      MsSince(t0));
   return comm;
 }
 

@@ -44,6 +44,8 @@ class Collective {
   virtual int rank() const = 0;
   virtual int world() const = 0;
   virtual std::string name() const = 0;  // "gloo", "nccl", "inproc"
+  // How the bytes travel, for logs: "tcp" or "unix" (Gloo), else name().
+  virtual std::string transport() const { return name(); }
 
   // Whether buffers may live in device memory (NCCL) or must be host memory (Gloo, in-process).
   virtual bool AcceptsDeviceMemory() const { return false; }

@@ -14,9 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/comm/same_host_links.h"
 
 namespace drafthead {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 // gloo::rendezvous::Store over the leader's key-value store. Gloo reports store failures by
 // exception; they are caught by MakeGlooCollective.
@@ -61,16 +64,19 @@ class KvGlooStore : public gloo::rendezvous::Store {
 
 class GlooCollective : public Collective {
  public:
-  explicit GlooCollective(std::shared_ptr<gloo::rendezvous::Context> ctx) : ctx_(std::move(ctx)) {}
+  GlooCollective(std::shared_ptr<gloo::rendezvous::Context> ctx, std::unique_ptr<SameHostLinks> links)
+      : ctx_(std::move(ctx)), links_(std::move(links)) {}
 
   int rank() const override { return ctx_->rank; }
   int world() const override { return ctx_->size; }
   std::string name() const override { return "gloo"; }
+  std::string transport() const override { return links_ ? "unix" : "tcp"; }
 
   absl::Status Broadcast(void* data, size_t bytes, MemorySpace space,
                          std::chrono::milliseconds timeout) override {
     DH_RETURN_IF_ERROR(Usable(space));
     if (world() == 1 || bytes == 0) return absl::OkStatus();
+    if (links_) return Linked(links_->Broadcast(data, bytes, Clock::now() + timeout));
     gloo::BroadcastOptions opts(ctx_);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
     opts.setRoot(0);
@@ -83,7 +89,7 @@ class GlooCollective : public Collective {
   absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
     DH_RETURN_IF_ERROR(Usable(space));
     posted_.reset();
-    if (world() == 1 || rank() != 0 || bytes == 0) return absl::OkStatus();
+    if (world() == 1 || rank() != 0 || bytes == 0 || links_) return absl::OkStatus();
     DH_GLOO_CHECK(PostReceives(recv, bytes), rank());
     return absl::OkStatus();
   }
@@ -96,6 +102,7 @@ class GlooCollective : public Collective {
       return absl::OkStatus();
     }
     if (bytes == 0) return absl::OkStatus();
+    if (links_) return Linked(links_->Gather(send, bytes, recv, Clock::now() + timeout));
     if (posted_ != nullptr) {
       // Rank 0 with its receives posted: the same slots gloo::gather uses on the peers.
       std::unique_ptr<Posted> p = std::move(posted_);
@@ -129,6 +136,10 @@ class GlooCollective : public Collective {
       return absl::InvalidArgumentError("gloo: buffers must be in host memory");
     return absl::OkStatus();
   }
+  absl::Status Linked(absl::Status s) {
+    if (!s.ok()) broken_ = true;
+    return s;
+  }
   uint32_t NextTag() { return tag_++ & 0x7fffffffu; }
   uint32_t PeekTag() const { return tag_ & 0x7fffffffu; }
 
@@ -154,6 +165,9 @@ class GlooCollective : public Collective {
   uint32_t tag_ = 1;
   bool broken_ = false;
   std::unique_ptr<Posted> posted_;
+  // Set when every rank shares rank 0's host: batches and payloads go over these instead of the
+  // Gloo pairs, which stay connected (idle) for the group's life.
+  std::unique_ptr<SameHostLinks> links_;
 };
 
 }  // namespace
@@ -161,7 +175,8 @@ class GlooCollective : public Collective {
 absl::StatusOr<std::unique_ptr<Collective>> MakeGlooCollective(int rank, int world,
                                                                const std::string& bind_host,
                                                                KvClient& store,
-                                                               std::chrono::milliseconds timeout) {
+                                                               std::chrono::milliseconds timeout,
+                                                               bool same_host_links) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = bind_host;
@@ -171,7 +186,13 @@ absl::StatusOr<std::unique_ptr<Collective>> MakeGlooCollective(int rank, int wor
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, world);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(prefixed, dev);
-    return std::unique_ptr<Collective>(new GlooCollective(std::move(ctx)));
+    absl::StatusOr<std::unique_ptr<SameHostLinks>> links =
+        SameHostLinks::Establish(rank, world, same_host_links, store, timeout);
+    if (!links.ok()) {
+      return absl::UnavailableError(absl::StrCat("gloo: rank ", rank, " of ", world,
+                                                 " could not agree on same-host links: ", links.status().message()));
+    }
+    return std::unique_ptr<Collective>(new GlooCollective(std::move(ctx), std::move(*links)));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("gloo: rank ", rank, " of ", world,
                                                " could not join the group: ", e.what()));

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "server/comm/socket_io.h"
 
 namespace drafthead {
 namespace {
@@ -24,51 +25,17 @@ using Deadline = KvClient::Deadline;
 constexpr uint32_t kMaxFrame = 64u << 20;
 constexpr char kOps[] = "SGKVN";  // every op a frame may carry
 
-absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat("rendezvous: ", what, ": ", std::strerror(errno)));
-}
+constexpr char kWho[] = "rendezvous";
 
-// Waits until fd is ready for `events` or the deadline passes. Every blocking socket call below
-// goes through here, so none waits past the deadline of the operation it serves.
+absl::Status Errno(const std::string& what) { return sockio::Errno(kWho, what); }
 absl::Status WaitReady(int fd, short events, Deadline deadline, const char* what) {
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0)
-      return absl::DeadlineExceededError(absl::StrCat("rendezvous: ", what, " timed out"));
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
-    if (n > 0) return absl::OkStatus();  // ready, or an error/hang-up the next call reports
-    if (n < 0 && errno != EINTR) return Errno(what);
-  }
+  return sockio::WaitReady(fd, events, deadline, kWho, what);
 }
-
 absl::Status WriteAll(int fd, const void* p, size_t n, Deadline deadline) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "send (the peer stopped reading)"); !s.ok())
-      return s;
-    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (w <= 0) return Errno("send");
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
+  return sockio::WriteAll(fd, p, n, deadline, kWho);
 }
-
 absl::Status ReadAll(int fd, void* p, size_t n, Deadline deadline) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "receive (the peer said nothing)"); !s.ok())
-      return s;
-    ssize_t r = ::recv(fd, c, n, MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (r == 0) return absl::UnavailableError("rendezvous: connection closed by the peer");
-    if (r < 0) return Errno("recv");
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return absl::OkStatus();
+  return sockio::ReadAll(fd, p, n, deadline, kWho);
 }
 
 // Frame: op (1 byte), then two length-prefixed strings.
@@ -165,12 +132,12 @@ absl::StatusOr<std::unique_ptr<KvServer>> KvServer::Start(const std::string& hos
   int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     freeaddrinfo(res);
-    return Errno("rendezvous: socket");
+    return Errno("socket");
   }
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
-    absl::Status s = Errno(absl::StrCat("rendezvous: cannot listen on ", host, ":", port));
+    absl::Status s = Errno(absl::StrCat("cannot listen on ", host, ":", port));
     freeaddrinfo(res);
     ::close(fd);
     return s;
