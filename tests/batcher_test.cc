@@ -126,6 +126,61 @@ TEST(BatcherTest, CloseFailsQueuedAndLaterRequests) {
   EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());
 }
 
+// Records what it is offered; runs (completes) an item only when told to.
+class FakeRunner : public InlineRunner {
+ public:
+  bool TryRunInline(BatchItem& item) override {
+    ++offered;
+    if (!run) return false;
+    item.done(absl::OkStatus(), nullptr);
+    return true;
+  }
+  bool run = true;
+  int offered = 0;
+};
+
+// The inline offer: only for items that may run inline, only while nothing is queued, never with a
+// queue delay; a refused offer queues the item as usual.
+TEST(BatcherTest, OffersAnItemToTheInlineRunnerOnlyWhenNothingWaits) {
+  Batcher b(BatcherOptions{});
+  FakeRunner runner;
+  b.SetInlineRunner(&runner);
+  Probe p[5];
+  BatchItem a = Item(1, &p[0]);
+  ASSERT_TRUE(b.Submit(std::move(a)).ok());  // may_run_inline unset: queued, not offered
+  EXPECT_EQ(runner.offered, 0);
+  EXPECT_EQ(b.queued_requests(), 1u);
+  BatchItem c = Item(1, &p[1]);
+  c.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(c)).ok());  // something waits: queued behind it
+  EXPECT_EQ(runner.offered, 0);
+  EXPECT_EQ(b.Take(std::chrono::milliseconds(0)).size(), 2u);
+  BatchItem d = Item(1, &p[2]);
+  d.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(d)).ok());  // nothing waits: run by the runner
+  EXPECT_EQ(runner.offered, 1);
+  EXPECT_EQ(p[2].calls, 1);
+  EXPECT_EQ(b.queued_requests(), 0u);
+  runner.run = false;  // the engine is busy: the runner declines and the item queues
+  BatchItem e = Item(1, &p[3]);
+  e.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(e)).ok());
+  EXPECT_EQ(runner.offered, 2);
+  EXPECT_EQ(p[3].calls, 0);
+  EXPECT_EQ(b.queued_requests(), 1u);
+
+  BatcherOptions delayed;
+  delayed.max_queue_delay = std::chrono::microseconds(100);
+  Batcher q(delayed);
+  FakeRunner never;
+  q.SetInlineRunner(&never);
+  BatchItem f = Item(1, &p[4]);
+  f.may_run_inline = true;
+  ASSERT_TRUE(q.Submit(std::move(f)).ok());
+  EXPECT_EQ(never.offered, 0) << "a queue delay asks for batches to fill";
+  EXPECT_EQ(q.queued_requests(), 1u);
+}
+
 TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {
   ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);  // tp = 2: two blocks
   PayloadLayout layout;

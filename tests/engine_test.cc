@@ -39,9 +39,12 @@ struct Group {
   }
 };
 
+// Wraps rank 0's collective (tests that hold the engine at a known point); identity by default.
+using WrapCollective = std::function<std::unique_ptr<Collective>(std::unique_ptr<Collective>)>;
+
 std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, int64_t k, int tp,
                                   int64_t vocab, bool keep_bf16, uint32_t max_rows = 64,
-                                  BatcherOptions bopts = {}) {
+                                  BatcherOptions bopts = {}, const WrapCollective& wrap0 = nullptr) {
   auto g = std::make_unique<Group>();
   auto shared = std::make_shared<InProcGroup>(tp);
   EngineOptions eo;
@@ -59,8 +62,9 @@ std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, 
     std::copy(w.begin() + geo.row_begin() * k, w.begin() + (geo.row_begin() + geo.rows_present()) * k,
               sw.bf16.begin());
     EXPECT_TRUE(backend->Load(std::move(sw)).ok());
-    g->engines.push_back(std::make_unique<RankEngine>(
-        std::make_unique<InProcCollective>(shared, r, tp), std::move(backend), geo, eo));
+    std::unique_ptr<Collective> comm = std::make_unique<InProcCollective>(shared, r, tp);
+    if (r == 0 && wrap0) comm = wrap0(std::move(comm));
+    g->engines.push_back(std::make_unique<RankEngine>(std::move(comm), std::move(backend), geo, eo));
   }
   g->geo0 = g->engines[0]->geometry();
   for (int r = 1; r < tp; ++r)
@@ -82,7 +86,8 @@ struct Result {
   v1::LogitsResponse resp;
 };
 
-std::future<Result> Submit(Group& g, const v1::LogitsRequest& req) {
+std::future<Result> Submit(Group& g, const v1::LogitsRequest& req, bool may_run_inline = false,
+                           std::thread::id* answered_on = nullptr) {
   auto p = std::make_shared<std::promise<Result>>();
   auto fut = p->get_future();
   auto prepared = PrepareRequest(req, g.limits);
@@ -93,7 +98,9 @@ std::future<Result> Submit(Group& g, const v1::LogitsRequest& req) {
   BatchItem it;
   it.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
   it.enqueued = Clock::now();
-  it.done = [p, req = it.req](const absl::Status& s, const BatchRowsResult* r) {
+  it.may_run_inline = may_run_inline;
+  it.done = [p, req = it.req, answered_on](const absl::Status& s, const BatchRowsResult* r) {
+    if (answered_on) *answered_on = std::this_thread::get_id();
     Result res{s, {}};
     if (r) BuildResponse(*req, *r, &res.resp);
     p->set_value(std::move(res));
@@ -283,6 +290,99 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
   }
 }
 
+// Rank 0's collective with a gate: once armed, the next Broadcast (a batch or the idle heartbeat,
+// both on the thread that holds the engine) waits until the gate opens, so a test knows the engine
+// is held.
+class GatedCollective : public Collective {
+ public:
+  explicit GatedCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
+  void Arm() {
+    absl::MutexLock l(&mu_);
+    armed_ = true;
+  }
+  void WaitEntered() {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+  void Open() {
+    absl::MutexLock l(&mu_);
+    open_ = true;
+  }
+  int rank() const override { return inner_->rank(); }
+  int world() const override { return inner_->world(); }
+  std::string name() const override { return inner_->name(); }
+  absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
+    {
+      absl::MutexLock l(&mu_);
+      if (armed_) {
+        armed_ = false;
+        entered_ = true;
+        mu_.Await(absl::Condition(&open_));
+      }
+    }
+    return inner_->Broadcast(data, bytes, space, t);
+  }
+  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                      std::chrono::milliseconds t) override {
+    return inner_->Gather(send, bytes, recv, space, t);
+  }
+  absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
+    return inner_->PostGather(recv, bytes, space);
+  }
+
+ private:
+  std::unique_ptr<Collective> inner_;
+  absl::Mutex mu_;
+  bool armed_ = false, entered_ = false, open_ = false;
+};
+
+// A request that may run inline runs on the submitting thread when the engine is idle (Submit
+// returns answered); one submitted while the engine is held queues and is answered by the loop;
+// every answer equals the request's answer through the queue.
+TEST(EngineTest, InlineRunsUseAnIdleEngineAndQueueBehindABusyOne) {
+  const int64_t rows = 300, k = 64;
+  const auto w = ref::RandomBf16(rows * k, 21, 0.05);
+  GatedCollective* gate = nullptr;
+  auto g = StartGroup(w, rows, k, 2, rows, false, 64, {}, [&](std::unique_ptr<Collective> c) {
+    auto gc = std::make_unique<GatedCollective>(std::move(c));
+    gate = gc.get();
+    return gc;
+  });
+  auto req = MakeRequest(ref::RandomBf16(3 * k, 5), 3, v1::TOP_K);
+  req.set_top_k(4);
+  const Result queued = Submit(*g, req).get();
+  ASSERT_TRUE(queued.status.ok()) << queued.status;
+  const std::vector<int32_t> expect(queued.resp.token_ids().begin(), queued.resp.token_ids().end());
+  ASSERT_EQ(expect.size(), 12u);
+  auto ids = [](const Result& r) { return std::vector<int32_t>(r.resp.token_ids().begin(), r.resp.token_ids().end()); };
+
+  // Idle engine: answered before Submit returns, on this thread. (The loop's idle heartbeat may
+  // hold the engine at that moment, and then the request queues: a few tries.)
+  int inline_runs = 0;
+  for (int attempt = 0; attempt < 20 && inline_runs == 0; ++attempt) {
+    std::thread::id on;
+    auto f = Submit(*g, req, true, &on);
+    const bool ready_at_once = f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    const Result r = f.get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(ids(r), expect);
+    if (ready_at_once && on == std::this_thread::get_id()) ++inline_runs;
+  }
+  EXPECT_EQ(inline_runs, 1) << "no request ran on the submitting thread";
+
+  // The loop holds the engine (trapped in its next broadcast): this request queues behind it.
+  gate->Arm();
+  gate->WaitEntered();
+  std::thread::id on;
+  auto f = Submit(*g, req, true, &on);
+  EXPECT_NE(f.wait_for(std::chrono::milliseconds(50)), std::future_status::ready) << "ran past a busy engine";
+  gate->Open();
+  const Result r = f.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_NE(on, std::this_thread::get_id()) << "answered by the loop, not the submitting thread";
+  EXPECT_EQ(ids(r), expect);
+}
+
 TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   // Rank 1 never joins the collective: rank 0's first broadcast must time out, not hang.
   auto shared = std::make_shared<InProcGroup>(2);
@@ -314,6 +414,57 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   it.done = [&](const absl::Status& st, const BatchRowsResult*) { got = st; };
   b.Submit(std::move(it)).IgnoreError();
   EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
+}
+
+// A group that fails under inline runs and queued ones alike is reported once: every request is
+// answered UNAVAILABLE, on_failure runs once, Run returns the failure, later requests are refused.
+TEST(EngineTest, AGroupFailingUnderInlineRunsFailsOnce) {
+  auto shared = std::make_shared<InProcGroup>(2);  // rank 1 never takes part
+  EngineOptions eo;
+  eo.op_timeout = std::chrono::milliseconds(300);
+  BackendOptions bo;
+  bo.threads = 1;
+  auto backend = MakeCpuBackend(bo);
+  ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);
+  ShardWeights sw;
+  sw.geo = geo;
+  sw.bf16.assign(32 * 64, 0);
+  ASSERT_TRUE(backend->Load(std::move(sw)).ok());
+  RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
+  Batcher b(BatcherOptions{});
+  std::atomic<int> failures{0};
+  BatchLoop loop(e, b, nullptr, [&](const absl::Status&) { ++failures; });
+  absl::Status run;
+  std::thread loop_thread([&] { run = loop.Run(); });
+  ServingLimits limits;
+  limits.hidden = 64;
+  limits.vocab_size = 64;
+  limits.max_rows = 64;
+  limits.max_top_k = 8;
+  auto req = MakeRequest(ref::RandomBf16(64, 3), 1, v1::ARGMAX);
+  std::vector<std::thread> callers;
+  std::vector<absl::Status> got(4);
+  for (int i = 0; i < 4; ++i) {
+    callers.emplace_back([&, i] {
+      auto prepared = PrepareRequest(req, limits);
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      BatchItem it;
+      it.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
+      it.enqueued = Clock::now();
+      it.may_run_inline = true;
+      std::promise<absl::Status> done;
+      it.done = [&done](const absl::Status& s, const BatchRowsResult*) { done.set_value(s); };
+      b.Submit(std::move(it)).IgnoreError();
+      got[i] = done.get_future().get();
+    });
+  }
+  for (auto& t : callers) t.join();
+  loop_thread.join();
+  for (const absl::Status& s : got) EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_EQ(run.code(), absl::StatusCode::kUnavailable) << run;
+  EXPECT_NE(run.message().find("the rank group failed"), absl::string_view::npos) << run;
+  EXPECT_EQ(run.message().find("failed: the rank group failed"), absl::string_view::npos) << "worded twice: " << run;
 }
 
 }  // namespace

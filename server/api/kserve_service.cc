@@ -90,7 +90,7 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
 
 void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
-                          const std::function<void(const v1::LogitsRequest&)>& admitted) {
+                          const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline) {
   auto translated = kserve::TranslateRequest(req, model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
   if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
@@ -103,17 +103,20 @@ void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::Mod
     kserve::TranslateResponse(*t, model_, *native, &resp);
     const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
     done(written, written.ok() ? &resp : nullptr);
-  });
+  }, may_run_inline);
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,
                                                     const inference::ModelInferRequest* req,
                                                     inference::ModelInferResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Infer(ctx, *req, [reactor, resp](const absl::Status& s, inference::ModelInferResponse* r) {
-    if (s.ok() && r != nullptr) resp->Swap(r);
-    reactor->Finish(ToGrpcStatus(s));
-  });
+  Infer(
+      ctx, *req,
+      [reactor, resp](const absl::Status& s, inference::ModelInferResponse* r) {
+        if (s.ok() && r != nullptr) resp->Swap(r);
+        reactor->Finish(ToGrpcStatus(s));
+      },
+      nullptr, /*may_run_inline=*/true);
   return reactor;
 }
 

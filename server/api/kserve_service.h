@@ -92,7 +92,8 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   // reserves its answer's bytes there).
   void Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
              std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
-             const std::function<void(const v1::LogitsRequest&)>& admitted = nullptr);
+             const std::function<void(const v1::LogitsRequest&)>& admitted = nullptr,
+             bool may_run_inline = false);  // DraftHeadService::Submit's
 
   DraftHeadService& native_;
   const HealthService& health_;

@@ -48,7 +48,8 @@ DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::M
     : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {}
 
 void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
-                              std::function<void(const absl::Status&, v1::LogitsResponse*)> done) {
+                              std::function<void(const absl::Status&, v1::LogitsResponse*)> done,
+                              bool may_run_inline) {
   const auto arrived = Clock::now();
   const std::string mode = RequestModeName(req);
   const uint32_t rows = req.rows();
@@ -80,6 +81,7 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   item.enqueued = Clock::now();
   item.deadline = SteadyDeadline(ctx);
   item.cancelled = [ctx] { return ctx->IsCancelled(); };
+  item.may_run_inline = may_run_inline;
   const uint32_t validate_us = MicrosSince(arrived);
   item.done = [req = item.req, logits_dest = std::move(logits_dest), arrived, validate_us,
                record = std::move(record)](const absl::Status& s, const BatchRowsResult* result) {
@@ -101,10 +103,13 @@ grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerCo
                                                           const v1::LogitsRequest* req,
                                                           v1::LogitsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Submit(ctx, *req, [reactor, resp](const absl::Status& s, v1::LogitsResponse* r) {
-    if (s.ok() && r != nullptr) resp->Swap(r);
-    reactor->Finish(ToGrpcStatus(s));
-  });
+  Submit(
+      ctx, *req,
+      [reactor, resp](const absl::Status& s, v1::LogitsResponse* r) {
+        if (s.ok() && r != nullptr) resp->Swap(r);
+        reactor->Finish(ToGrpcStatus(s));
+      },
+      /*may_run_inline=*/true);
   return reactor;
 }
 
@@ -196,12 +201,17 @@ class DraftHeadService::StreamReactor
     slot->resp.set_request_id(req_.request_id());
     slot->bytes = ExpectedAnswerBytes(req_, svc_->limits_.vocab_size);
     account_.Reserve(slot->bytes);
+    // The message moves out of the read buffer, and the next read is asked for before this one is
+    // submitted: the submission may run it here (the engine idle) while the stream reads on.
+    const v1::LogitsRequest req = std::move(req_);
     {
       absl::MutexLock l(&mu_);
       slots_.push_back(slot);
       ++outstanding_;
+      reading_ = false;
+      PumpLocked();  // never true here: this request is outstanding
     }
-    svc_->Submit(ctx_, req_, [this, slot](const absl::Status& s, v1::LogitsResponse* r) {
+    svc_->Submit(ctx_, req, [this, slot](const absl::Status& s, v1::LogitsResponse* r) {
       if (s.ok() && r != nullptr) {
         slot->resp.Swap(r);
       } else {
@@ -219,14 +229,7 @@ class DraftHeadService::StreamReactor
         finish = PumpLocked();
       }
       if (finish) Finish(grpc::Status::OK);
-    });
-    bool finish;
-    {
-      absl::MutexLock l(&mu_);
-      reading_ = false;
-      finish = PumpLocked();
-    }
-    if (finish) Finish(grpc::Status::OK);
+    }, /*may_run_inline=*/true);
   }
 
   void OnWriteDone(bool ok) override {

@@ -54,9 +54,11 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
                                              v1::UnregisterRegionResponse* resp) override;
 
   // Validates and queues one request; `done` is called exactly once (possibly before Submit
-  // returns) with the result.
+  // returns) with the result. `may_run_inline`: the calling thread has nothing else to do, so when
+  // the engine is idle the request runs on it and Submit returns once it is answered
+  // (BatchItem::may_run_inline).
   void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
-              std::function<void(const absl::Status&, v1::LogitsResponse*)> done);
+              std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false);
 
  private:
   class StreamReactor;

@@ -3,7 +3,8 @@
 // full logits for FULL_LOGITS rows, k candidates and a softmax partial for reduction rows.
 // Implementations: cpu_backend.cc, cuda_backend.cc (CUDA builds).
 //
-// Threads: one caller (the rank's engine thread). Failure: statuses, never exceptions or aborts.
+// Threads: one caller at a time (whoever drives the rank's engine; the CUDA backend sets its
+// device on every call). Failure: statuses, never exceptions or aborts.
 #pragma once
 
 #include <memory>

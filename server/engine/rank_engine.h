@@ -8,8 +8,9 @@
 // 0 broadcasts kHeartbeat every kHeartbeatPeriod, so a worker that hears nothing for
 // WorkerIdleTimeout knows rank 0 is gone.
 //
-// Threads: one thread per rank calls into a RankEngine. Failure: any collective error breaks the
-// group for good (statuses say which rank and what); the caller exits the process.
+// Threads: one thread at a time per rank calls into a RankEngine (rank 0: BatchLoop's engine
+// lock). Failure: any collective error breaks the group for good (statuses say which rank and
+// what); the caller exits the process.
 #pragma once
 
 #include <chrono>

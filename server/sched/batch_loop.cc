@@ -13,6 +13,31 @@ BatchLoop::BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
 
 void BatchLoop::Stop() { stopping_ = true; }
 
+bool BatchLoop::TryRunInline(BatchItem& item) {
+  if (stopping_.load() || item.deadline <= Clock::now()) return false;  // the queue drains / drops it
+  if (!engine_mu_.TryLock()) return false;
+  if (!open_) {
+    engine_mu_.Unlock();
+    return false;
+  }
+  inline_batch_.clear();
+  inline_batch_.push_back(std::move(item));
+  if (absl::Status s = RunOne(inline_batch_); !s.ok()) Fail(s).IgnoreError();
+  inline_batch_.clear();
+  engine_mu_.Unlock();
+  return true;
+}
+
+absl::Status BatchLoop::Fail(const absl::Status& cause) {
+  const absl::Status fail = absl::UnavailableError(absl::StrCat("the rank group failed: ", cause.message()));
+  Log(LogLevel::kError, "group_failed", "error", std::string(cause.message()));
+  open_ = false;
+  failed_ = fail;
+  batcher_.Close(fail);
+  if (on_failure_) on_failure_(fail);
+  return fail;
+}
+
 void BatchLoop::FailInFlight(const absl::Status& status) {
   std::vector<std::function<void(const absl::Status&, const BatchRowsResult*)>> fail;
   {
@@ -58,7 +83,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
         absl::StrCat("the rank group failed: ", gathered.status().message()));
     if (claimed)
       for (auto& it : batch) it.done(fail, nullptr);
-    return fail;
+    return gathered.status();  // the cause: Fail words it for everyone else
   }
   if (!claimed) return absl::OkStatus();
   const double compute_s = std::chrono::duration<double>(t1 - t0).count();
@@ -85,11 +110,23 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
 absl::Status BatchLoop::Run() {
   completer_ = std::make_unique<Completer>();
   // Every batch handed over is answered before Run returns (also on a group failure: those
-  // batches finished).
-  struct DrainOnExit {
-    Completer* c;
-    ~DrainOnExit() { c->Drain(); }
-  } drain{completer_.get()};
+  // batches finished), and no inline run outlives Run.
+  struct OnExit {
+    BatchLoop* loop;
+    ~OnExit() {
+      loop->batcher_.SetInlineRunner(nullptr);
+      {
+        absl::MutexLock l(&loop->engine_mu_);
+        loop->open_ = false;
+      }
+      loop->completer_->Drain();
+    }
+  } on_exit{this};
+  {
+    absl::MutexLock l(&engine_mu_);
+    open_ = true;
+  }
+  batcher_.SetInlineRunner(this);
   for (;;) {
     const bool stopping = stopping_.load();
     // Idle for a heartbeat period: beat, so the workers know rank 0 is alive.
@@ -99,24 +136,23 @@ absl::Status BatchLoop::Run() {
       metrics_->SetQueueDepth(batcher_.queued_rows(),
                               static_cast<uint32_t>(batcher_.queued_requests()));
     }
+    absl::MutexLock l(&engine_mu_);
+    if (!failed_.ok()) {  // an inline run failed the group (and closed the batcher)
+      for (auto& it : batch) it.done(failed_, nullptr);
+      return failed_;
+    }
     absl::Status s;
     if (!batch.empty()) {
       s = RunOne(batch);
     } else if (stopping && batcher_.queued_requests() == 0) {
+      open_ = false;
       s = engine_.Shutdown();
       if (!s.ok()) Log(LogLevel::kWarn, "shutdown_broadcast_failed", "error", std::string(s.message()));
       return absl::OkStatus();
     } else {
       s = engine_.Heartbeat();
     }
-    if (!s.ok()) {
-      const absl::Status fail = absl::UnavailableError(
-          absl::StrCat("the rank group failed: ", s.message()));
-      Log(LogLevel::kError, "group_failed", "error", std::string(s.message()));
-      batcher_.Close(fail);
-      if (on_failure_) on_failure_(fail);
-      return fail;
-    }
+    if (!s.ok()) return Fail(s);
   }
 }
 

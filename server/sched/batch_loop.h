@@ -1,10 +1,15 @@
 // Rank 0's batch loop (the engine thread): takes batches from the Batcher, runs them across the
 // group through the RankEngine and completes each request with its share of the gathered payload:
 // on the engine thread when nothing else waits, else on the Completer's thread (completer.h) while
-// the engine runs the next batch. While idle it beats the group's heartbeat. On a group failure it fails everything pending and queued with
-// UNAVAILABLE, closes the batcher and reports through on_failure; on Stop it drains the queue first.
+// the engine runs the next batch. While idle it beats the group's heartbeat. On a group failure it
+// fails everything pending and queued with UNAVAILABLE, closes the batcher and reports through
+// on_failure (once); on Stop it drains the queue first.
+// Inline runs: while Run serves, a request submitted with nothing queued and the engine idle runs
+// on the submitting (RPC) thread (TryRunInline), so at low load no thread wakes to run it; under
+// load requests queue and batch as before. One engine lock makes whoever drives the engine
+// (Run's thread or an RPC thread) the only caller of the RankEngine and the Completer at a time.
 //
-// Threads: Run on one dedicated thread; Stop and the accessors from any thread.
+// Threads: Run on one dedicated thread; Stop, FailInFlight and TryRunInline from any thread.
 #pragma once
 
 #include <atomic>
@@ -23,7 +28,7 @@
 
 namespace drafthead {
 
-class BatchLoop {
+class BatchLoop : public InlineRunner {
  public:
   BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
          std::function<void(const absl::Status&)> on_failure);
@@ -35,9 +40,13 @@ class BatchLoop {
   // Completes the requests of the batch now running with `status` (the group failed and that
   // batch will never finish); their later completion by Run is suppressed.
   void FailInFlight(const absl::Status& status);
+  // InlineRunner: runs `item` now if Run serves, the engine is free and the loop is not stopping.
+  bool TryRunInline(BatchItem& item) override;
 
  private:
-  absl::Status RunOne(std::vector<BatchItem>& batch);
+  absl::Status RunOne(std::vector<BatchItem>& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
+  // The group failed: closes the engine to inline runs, fails the batcher, reports once.
+  absl::Status Fail(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
 
   RankEngine& engine_;
   Batcher& batcher_;
@@ -48,7 +57,11 @@ class BatchLoop {
   // The batch now running, until RunOne claims it back to complete it; FailInFlight may take its
   // completions first (then RunOne leaves them alone). One pointer, no per-request wrapper.
   std::vector<BatchItem>* inflight_ ABSL_GUARDED_BY(inflight_mu_) = nullptr;
-  BatchControl ctl_;
+  absl::Mutex engine_mu_;  // held by whichever thread drives the engine
+  bool open_ ABSL_GUARDED_BY(engine_mu_) = false;  // Run serves and the group has not failed
+  absl::Status failed_ ABSL_GUARDED_BY(engine_mu_);
+  BatchControl ctl_ ABSL_GUARDED_BY(engine_mu_);
+  std::vector<BatchItem> inline_batch_ ABSL_GUARDED_BY(engine_mu_);  // reused by TryRunInline
   std::unique_ptr<Completer> completer_;  // made by Run (its thread lives while Run serves)
 };
 

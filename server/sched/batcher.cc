@@ -5,7 +5,18 @@
 
 namespace drafthead {
 
+void Batcher::SetInlineRunner(InlineRunner* runner) {
+  absl::MutexLock l(&mu_);
+  runner_ = opts_.max_queue_delay.count() == 0 ? runner : nullptr;
+}
+
 absl::Status Batcher::Submit(BatchItem item) {
+  InlineRunner* runner = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    if (item.may_run_inline && closed_.ok() && q_.empty()) runner = runner_;
+  }
+  if (runner != nullptr && runner->TryRunInline(item)) return absl::OkStatus();
   absl::Status refused;
   {
     absl::MutexLock l(&mu_);

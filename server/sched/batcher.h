@@ -4,7 +4,8 @@
 // once (RESOURCE_EXHAUSTED). Expired or cancelled requests are answered here and never computed.
 //
 // Threads: Submit from any thread; Take from the one engine thread; callbacks run on the thread
-// that completes the request (Take for drops, the engine thread for results, Close's caller).
+// that completes the request (Take for drops, the engine thread for results, Close's caller, or
+// the submitting thread when an InlineRunner ran the request there).
 #pragma once
 
 #include <chrono>
@@ -27,8 +28,21 @@ struct BatchItem {
   Clock::time_point enqueued{};
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // may be empty
+  // The submitting thread may run it itself (InlineRunner): it has nothing else to do meanwhile
+  // (a unary call; a stream that has already asked for its next message).
+  bool may_run_inline = false;
   // Called exactly once: OK with the request's share of the batch, or the failure (nullptr).
   std::function<void(const absl::Status&, const BatchRowsResult*)> done;
+};
+
+// Runs a request at once on the submitting thread when the engine is idle (BatchLoop), saving the
+// engine thread's wake-up: at concurrency 1 that hand-off is most of the queue time.
+class InlineRunner {
+ public:
+  virtual ~InlineRunner() = default;
+  // Runs `item` to completion (its done() called) and returns true, or leaves it untouched and
+  // returns false (it is then queued). Must not block waiting for the engine.
+  virtual bool TryRunInline(BatchItem& item) = 0;
 };
 
 struct BatcherOptions {
@@ -53,6 +67,10 @@ class Batcher {
   // Fails everything queued with `reason`, and every later Submit.
   void Close(const absl::Status& reason);
 
+  // Submit offers an item that may_run_inline to `runner` first when nothing is queued and
+  // max_queue_delay is 0 (else a wait for batches to fill was asked for); nullptr: off. `runner` must outlive its use here.
+  void SetInlineRunner(InlineRunner* runner);
+
   uint32_t queued_rows() const;
   size_t queued_requests() const;
 
@@ -72,6 +90,7 @@ class Batcher {
   std::deque<BatchItem> q_ ABSL_GUARDED_BY(mu_);
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;  // rows in q_
   absl::Status closed_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+  InlineRunner* runner_ ABSL_GUARDED_BY(mu_) = nullptr;
   Dropped dropped_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -3,9 +3,10 @@
 // It takes its own copy of the gathered payload, since the engine reuses its buffers; copies are
 // recycled, so a steady load allocates nothing here.
 //
-// Threads: Submit, Busy and Drain from the engine thread; the completions run on the completer's
-// thread, one batch at a time, in submission order. Drain (also the destructor) answers whatever
-// was submitted before returning: a batch handed over always gets its (OK) answers.
+// Threads: Submit, Busy and Drain from whoever drives the engine (one thread at a time: BatchLoop's
+// engine lock); the completions run on the completer's thread, one batch at a time, in submission
+// order. Drain (also the destructor) answers whatever was submitted before returning: a batch
+// handed over always gets its (OK) answers.
 #pragma once
 
 #include <deque>
