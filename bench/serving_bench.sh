@@ -1,11 +1,13 @@
 #!/bin/bash
 # Serving benchmarks on this machine. Prints Markdown tables.
 #
-#   bench/serving_bench.sh overhead [BUILD_DIR] [SECONDS_PER_POINT]
+#   bench/serving_bench.sh overhead [BUILD_DIR] [SECONDS_PER_POINT] [PAIRS]
 #     Issue 11's CPU target: a trivial head (K=64, 256 rows, synthetic) at c=1 against
 #     drafthead-fake-server (an instant answer: gRPC and the client alone) in the same run, tp=1
 #     and tp=2 over Gloo (its TCP pairs, then its same-host Unix-socket links), M=1 ARGMAX and M=5
-#     TOP_K k=8, unary and stream; p50 ratios and the server's stage breakdown (Timing).
+#     TOP_K k=8, unary and stream; p50 ratios and the server's stage breakdown (Timing). Each point
+#     alternates fake and drafthead PAIRS times (default 3) and compares the median p50s: on a
+#     shared 2-core host single p50s move by 20-50% from run to run.
 #   bench/serving_bench.sh [BUILD_DIR] [SECONDS_PER_POINT] [SOAK_SECONDS]
 #     Issue 4's figures: a tp=4 CPU group at the real shapes (synthetic weights), M=5 TOP_K k=8
 #     requests at concurrency 1, 8, 64, with batching on (default) and off
@@ -13,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = overhead ]; then
-  build=${2:-build}; secs=${3:-5}
+  build=${2:-build}; secs=${3:-5}; pairs=${4:-3}
   srv=$build/server/drafthead-server; cli=$build/client/drafthead-client
   fake=$build/client/drafthead-fake-server
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -34,12 +36,20 @@ if [ "${1:-}" = overhead ]; then
       for s in unary stream; do
         flag=; [ $s = stream ] && flag=--stream
         srv_port=$port
-        port=$fake_port
-        point "fake ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
-        fp50=$p50
-        port=$srv_port
-        point "$name ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
-        ratios+=("| $name | ${m%%|*} | $s | $fp50 | $p50 | $(python3 -c "print(f'{$p50/$fp50:.2f}x')") |")
+        fakes=() ours=()
+        for ((i = 0; i < pairs; i++)); do
+          port=$fake_port
+          point "fake ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
+          fakes+=("$p50")
+          port=$srv_port
+          point "$name ${m%%|*} $s" ${m#*|} $flag --concurrency=1 --duration=${secs}s
+          ours+=("$p50")
+        done
+        ratios+=("$(python3 -c "
+import statistics as st, sys
+f = [float(v) for v in '${fakes[*]}'.split()]; d = [float(v) for v in '${ours[*]}'.split()]
+mf, md = st.median(f), st.median(d)
+print(f'| $name | ${m%%|*} | $s | {mf:.1f} | {md:.1f} | {md / mf:.2f}x |')")")
       done
     done
     unserve
@@ -47,7 +57,7 @@ if [ "${1:-}" = overhead ]; then
   pid=$fake_pid
   unserve
   echo
-  echo "| tp | request | call | fake p50 us | drafthead p50 us | ratio |"
+  echo "| tp | request | call | fake p50 us (median of $pairs) | drafthead p50 us (median of $pairs) | ratio |"
   echo "| --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${ratios[@]}"
   exit 0

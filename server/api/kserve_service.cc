@@ -138,37 +138,44 @@ class KServeService::StreamReactor
   }
 
   void OnReadDone(bool ok) override {
-    if (ok) {
-      {
-        absl::MutexLock l(&mu_);
-        ++unanswered_;
-      }
-      // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
-      auto reserved = std::make_shared<uint64_t>(0);
-      auto admitted = [this, reserved](const v1::LogitsRequest& native) {
-        *reserved = ExpectedAnswerBytes(native, svc_->model_.vocab_size);
-        account_.Reserve(*reserved);
-      };
-      svc_->Infer(ctx_, req_, [this, reserved, id = req_.id()](const absl::Status& s,
-                                                                inference::ModelInferResponse* r) {
-        auto answer = std::make_unique<inference::ModelStreamInferResponse>();
-        if (s.ok() && r != nullptr) {
-          answer->mutable_infer_response()->Swap(r);
-        } else {
-          answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
-          auto* echo = answer->mutable_infer_response();
-          echo->set_model_name(svc_->model_.name);
-          echo->set_model_version(kserve::kModelVersion);
-          echo->set_id(id);
-        }
-        account_.Settle(*reserved, answer->ByteSizeLong());
-        Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
-      }, admitted);
+    if (!ok) {
+      Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        reading_ = false;
+        reads_done_ = true;
+      });
+      return;
     }
-    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      reading_ = false;
-      if (!ok) reads_done_ = true;
-    });
+    {
+      absl::MutexLock l(&mu_);
+      ++unanswered_;
+    }
+    // The message moves out of the read buffer and the next read is asked for before this one is
+    // submitted: the submission may run it here (the engine idle) while the stream reads on.
+    const inference::ModelInferRequest req = std::move(req_);
+    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { reading_ = false; });  // never finishes: unanswered_ > 0
+    // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
+    auto reserved = std::make_shared<uint64_t>(0);
+    auto admitted = [this, reserved](const v1::LogitsRequest& native) {
+      *reserved = ExpectedAnswerBytes(native, svc_->model_.vocab_size);
+      account_.Reserve(*reserved);
+    };
+    svc_->Infer(
+        ctx_, req,
+        [this, reserved, id = req.id()](const absl::Status& s, inference::ModelInferResponse* r) {
+          auto answer = std::make_unique<inference::ModelStreamInferResponse>();
+          if (s.ok() && r != nullptr) {
+            answer->mutable_infer_response()->Swap(r);
+          } else {
+            answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
+            auto* echo = answer->mutable_infer_response();
+            echo->set_model_name(svc_->model_.name);
+            echo->set_model_version(kserve::kModelVersion);
+            echo->set_id(id);
+          }
+          account_.Settle(*reserved, answer->ByteSizeLong());
+          Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
+        },
+        admitted, /*may_run_inline=*/true);
   }
 
   void OnWriteDone(bool ok) override {
