@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/numeric.h"
 #include "server/api/request.h"
 
 namespace drafthead {
@@ -53,6 +54,61 @@ TEST(RequestTest, Fp32HiddenIsRoundedToBf16) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->x[0], 0x3f80);
   EXPECT_EQ(p->x[1], 0x4040);
+}
+
+// The hidden rows are checked in blocks of 64 values: a bad value anywhere (first, inside, across
+// a block edge, in a short tail block) is found and named by row and column, in both dtypes; the
+// fp32 -> bf16 rounding matches FloatToBf16 value for value.
+TEST(RequestTest, NamesABadHiddenValueAnywhere) {
+  const int rows = 3;  // 3 x 64 = 192 values: three whole blocks; with K = 40 below, a tail
+  for (int hidden : {64, 40}) {
+    ServingLimits l = Limits();
+    l.hidden = hidden;
+    const size_t n = static_cast<size_t>(rows) * hidden;
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; ++i) f[i] = std::ldexp(static_cast<float>(i % 13) - 6.3f, static_cast<int>(i % 9) - 4);
+    for (size_t bad : {size_t{0}, size_t{63}, size_t{64}, size_t{65}, n - 1, n / 2}) {
+      for (float v : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()}) {
+        const std::string expect = "hidden: non-finite value at row " + std::to_string(bad / hidden) +
+                                   ", column " + std::to_string(bad % hidden);
+        std::vector<float> g = f;
+        g[bad] = v;
+        v1::LogitsRequest r;
+        r.set_rows(rows);
+        r.set_hidden_dtype(v1::FP32);
+        r.set_hidden(std::string(reinterpret_cast<const char*>(g.data()), n * 4));
+        auto p = PrepareRequest(r, l);
+        ASSERT_FALSE(p.ok()) << "fp32, bad at " << bad;
+        EXPECT_EQ(p.status().message(), expect);
+        std::vector<uint16_t> h(n);
+        for (size_t i = 0; i < n; ++i) h[i] = FloatToBf16(g[i]);
+        r.set_hidden_dtype(v1::BF16);
+        r.set_hidden(std::string(reinterpret_cast<const char*>(h.data()), n * 2));
+        p = PrepareRequest(r, l);
+        ASSERT_FALSE(p.ok()) << "bf16, bad at " << bad;
+        EXPECT_EQ(p.status().message(), expect);
+      }
+    }
+    // Finite everywhere: accepted, rounded exactly as FloatToBf16 rounds (ties to even included).
+    f[5] = 1.0f + 1.0f / 256;
+    f[70] = -(1.0f + 3.0f / 256);
+    v1::LogitsRequest r;
+    r.set_rows(rows);
+    r.set_hidden_dtype(v1::FP32);
+    r.set_hidden(std::string(reinterpret_cast<const char*>(f.data()), n * 4));
+    auto p = PrepareRequest(r, l);
+    ASSERT_TRUE(p.ok()) << p.status();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(p->x[i], FloatToBf16(f[i])) << i;
+    // A finite fp32 value that rounds to a bf16 infinity is refused, named.
+    f[66] = std::numeric_limits<float>::max();
+    r.set_hidden(std::string(reinterpret_cast<const char*>(f.data()), n * 4));
+    p = PrepareRequest(r, l);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.status().message().find("row " + std::to_string(66 / hidden) + ", column " +
+                                        std::to_string(66 % hidden) + " is beyond bf16's range"),
+              std::string::npos)
+        << p.status();
+  }
 }
 
 TEST(RequestTest, RefusesEachBadField) {
