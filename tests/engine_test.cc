@@ -383,8 +383,9 @@ TEST(EngineTest, InlineRunsUseAnIdleEngineAndQueueBehindABusyOne) {
   EXPECT_EQ(ids(r), expect);
 }
 
-TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
-  // Rank 1 never joins the collective: rank 0's first broadcast must time out, not hang.
+// Rank 0 of a two-rank group (K = 64, 64 rows) whose rank 1 never takes part: every collective
+// call times out after 300 ms.
+std::unique_ptr<RankEngine> StalledRank0() {
   auto shared = std::make_shared<InProcGroup>(2);
   EngineOptions eo;
   eo.op_timeout = std::chrono::milliseconds(300);
@@ -395,8 +396,14 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
   ShardWeights sw;
   sw.geo = geo;
   sw.bf16.assign(32 * 64, 0);
-  ASSERT_TRUE(backend->Load(std::move(sw)).ok());
-  RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
+  EXPECT_TRUE(backend->Load(std::move(sw)).ok());
+  return std::make_unique<RankEngine>(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
+}
+
+TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
+  // Rank 1 never joins the collective: rank 0's first broadcast must time out, not hang.
+  auto engine = StalledRank0();
+  RankEngine& e = *engine;
   Batcher b(BatcherOptions{});
   absl::Status failure;
   BatchLoop loop(e, b, nullptr, [&](const absl::Status& s) { failure = s; });
@@ -419,18 +426,8 @@ TEST(EngineTest, AStalledWorkerFailsTheBatchWithinTheTimeout) {
 // A group that fails under inline runs and queued ones alike is reported once: every request is
 // answered UNAVAILABLE, on_failure runs once, Run returns the failure, later requests are refused.
 TEST(EngineTest, AGroupFailingUnderInlineRunsFailsOnce) {
-  auto shared = std::make_shared<InProcGroup>(2);  // rank 1 never takes part
-  EngineOptions eo;
-  eo.op_timeout = std::chrono::milliseconds(300);
-  BackendOptions bo;
-  bo.threads = 1;
-  auto backend = MakeCpuBackend(bo);
-  ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);
-  ShardWeights sw;
-  sw.geo = geo;
-  sw.bf16.assign(32 * 64, 0);
-  ASSERT_TRUE(backend->Load(std::move(sw)).ok());
-  RankEngine e(std::make_unique<InProcCollective>(shared, 0, 2), std::move(backend), geo, eo);
+  auto engine = StalledRank0();
+  RankEngine& e = *engine;
   Batcher b(BatcherOptions{});
   std::atomic<int> failures{0};
   BatchLoop loop(e, b, nullptr, [&](const absl::Status&) { ++failures; });
