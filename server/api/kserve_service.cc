@@ -133,15 +133,15 @@ class KServeService::StreamReactor
 
   StreamReactor(KServeService* svc, grpc::CallbackServerContext* ctx)
       : svc_(svc), ctx_(ctx), account_(svc->native_.stream_budget(), [ctx] { ctx->TryCancel(); }) {
-    reading_ = true;
+    flow_.reading = true;
     StartRead(&req_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        reading_ = false;
-        reads_done_ = true;
+        flow_.reading = false;
+        flow_.reads_done = true;
       });
       return;
     }
@@ -152,7 +152,7 @@ class KServeService::StreamReactor
     // The message moves out of the read buffer and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
     const inference::ModelInferRequest req = std::move(req_);
-    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { reading_ = false; });  // never finishes: unanswered_ > 0
+    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { flow_.reading = false; });  // never finishes: unanswered_ > 0
     // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
     auto reserved = std::make_shared<uint64_t>(0);
     auto admitted = [this, reserved](const v1::LogitsRequest& native) {
@@ -180,12 +180,12 @@ class KServeService::StreamReactor
 
   void OnWriteDone(bool ok) override {
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      writing_ = false;
+      flow_.writing = false;
       account_.WriteDone();
       account_.Release(answers_.front()->ByteSizeLong());
       answers_.pop_front();
       --unanswered_;
-      if (!ok) broken_ = true;
+      if (!ok) flow_.broken = true;
     });
   }
 
@@ -206,41 +206,33 @@ class KServeService::StreamReactor
   }
 
   bool PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!writing_ && !answers_.empty()) {
-      if (broken_) {
+    if (!flow_.writing && !answers_.empty()) {
+      if (flow_.broken) {
         // The client is gone: drop answers nobody can read.
         for (const auto& a : answers_) account_.Release(a->ByteSizeLong());
         unanswered_ -= answers_.size();
         answers_.clear();
       } else {
-        writing_ = true;
+        flow_.writing = true;
         account_.WriteStarted();
         StartWrite(answers_.front().get());
       }
     }
-    if (!reading_ && !reads_done_ && !broken_ && unanswered_ < kMaxInFlight && account_.MayRead()) {
-      reading_ = true;
+    if (flow_.MayRead(unanswered_, kMaxInFlight, account_)) {
+      flow_.reading = true;
       StartRead(&req_);
     }
-    if (finished_ || writing_ || unanswered_ > 0) return false;
-    if (!reads_done_ && !broken_) return false;
-    if (reading_) return false;  // a pending read completes (ok=false) once the stream ends
-    finished_ = true;
-    return true;
+    return flow_.Finishing(unanswered_);
   }
 
   KServeService* svc_;
   grpc::CallbackServerContext* ctx_;
-  inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: reading_)
+  inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
-  // Completed answers, oldest first; the front one is being written while writing_.
+  // Completed answers, oldest first; the front one is being written while flow_.writing.
   std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> answers_ ABSL_GUARDED_BY(mu_);
   size_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // read, not yet written (or dropped)
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 

@@ -181,7 +181,7 @@ class DraftHeadService::StreamReactor
 
   StreamReactor(DraftHeadService* svc, grpc::CallbackServerContext* ctx)
       : svc_(svc), ctx_(ctx), account_(*svc->stream_budget_, [ctx] { ctx->TryCancel(); }) {
-    reading_ = true;
+    flow_.reading = true;
     StartRead(&req_);
   }
 
@@ -190,8 +190,8 @@ class DraftHeadService::StreamReactor
       bool finish;
       {
         absl::MutexLock l(&mu_);
-        reading_ = false;
-        reads_done_ = true;
+        flow_.reading = false;
+        flow_.reads_done = true;
         finish = PumpLocked();
       }
       if (finish) Finish(grpc::Status::OK);
@@ -207,9 +207,8 @@ class DraftHeadService::StreamReactor
     {
       absl::MutexLock l(&mu_);
       slots_.push_back(slot);
-      ++outstanding_;
-      reading_ = false;
-      PumpLocked();  // never true here: this request is outstanding
+      flow_.reading = false;
+      PumpLocked();  // never true here: this request's slot is unanswered
     }
     svc_->Submit(ctx_, req, [this, slot](const absl::Status& s, v1::LogitsResponse* r) {
       if (s.ok() && r != nullptr) {
@@ -225,7 +224,6 @@ class DraftHeadService::StreamReactor
         absl::MutexLock l(&mu_);
         slot->ready = true;
         slot->bytes = actual;
-        --outstanding_;
         finish = PumpLocked();
       }
       if (finish) Finish(grpc::Status::OK);
@@ -236,11 +234,11 @@ class DraftHeadService::StreamReactor
     bool finish;
     {
       absl::MutexLock l(&mu_);
-      writing_ = false;
+      flow_.writing = false;
       account_.WriteDone();
       account_.Release(slots_.front()->bytes);
       slots_.pop_front();
-      if (!ok) broken_ = true;
+      if (!ok) flow_.broken = true;
       finish = PumpLocked();
     }
     if (finish) Finish(grpc::Status::OK);
@@ -260,42 +258,33 @@ class DraftHeadService::StreamReactor
   // Starts the next write / read as allowed; returns true when the caller must Finish (outside
   // the lock: Finish may lead to OnDone, which deletes this).
   bool PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!writing_ && !slots_.empty() && slots_.front()->ready) {
-      if (broken_) {
+    if (!flow_.writing && !slots_.empty() && slots_.front()->ready) {
+      if (flow_.broken) {
         // The client is gone: drop answers nobody can read.
         while (!slots_.empty() && slots_.front()->ready) {
           account_.Release(slots_.front()->bytes);
           slots_.pop_front();
         }
       } else {
-        writing_ = true;
+        flow_.writing = true;
         account_.WriteStarted();
         StartWrite(&slots_.front()->resp);
       }
     }
-    if (!reading_ && !reads_done_ && !broken_ && slots_.size() < kMaxInFlight && account_.MayRead()) {
-      reading_ = true;
+    if (flow_.MayRead(slots_.size(), kMaxInFlight, account_)) {
+      flow_.reading = true;
       StartRead(&req_);
     }
-    if (finished_ || writing_ || outstanding_ > 0 || !slots_.empty()) return false;
-    if (!reads_done_ && !broken_) return false;
-    if (reading_) return false;  // a pending read completes (ok=false) once the stream ends
-    finished_ = true;
-    return true;
+    return flow_.Finishing(slots_.size());
   }
 
   DraftHeadService* svc_;
   grpc::CallbackServerContext* ctx_;
-  v1::LogitsRequest req_;  // the read in flight's target (one read at a time: reading_)
+  v1::LogitsRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
   // Unanswered requests in arrival order; the front one is written first.
   std::deque<std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
-  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet completed
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 

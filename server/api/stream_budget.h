@@ -64,6 +64,24 @@ class StreamBudget {
   std::thread watchdog_;
 };
 
+// The read / write / finish state both bidi reactors (StreamLogits, ModelStreamInfer) keep under
+// their lock: at most one read and one write in flight; a stream reads on while its input has not
+// ended, its caller is there, and it is under its in-flight cap and its byte budget; it is over
+// once the input has ended (or the caller is gone) and nothing is in flight or unanswered.
+struct StreamFlow {
+  bool reading = false, reads_done = false, writing = false, broken = false, finished = false;
+
+  bool MayRead(size_t unanswered, size_t cap, const StreamAccount& account) const;
+  // True once, when the stream is over: the caller then Finishes it (outside its lock: Finish may
+  // lead to OnDone, which deletes the reactor).
+  bool Finishing(size_t unanswered) {
+    if (finished || writing || reading || unanswered > 0) return false;
+    if (!reads_done && !broken) return false;
+    finished = true;
+    return true;
+  }
+};
+
 class StreamAccount {
  public:
   // cancel: ends the stream (ctx->TryCancel()).
@@ -92,5 +110,9 @@ class StreamAccount {
   std::atomic<int64_t> write_started_ns_{0};
   std::atomic<bool> cancelled_{false};
 };
+
+inline bool StreamFlow::MayRead(size_t unanswered, size_t cap, const StreamAccount& account) const {
+  return !reading && !reads_done && !broken && unanswered < cap && account.MayRead();
+}
 
 }  // namespace drafthead
