@@ -51,7 +51,9 @@ constexpr int64_t kGroup = 64;  // columns per decoded pair of vectors
 // columns of a group in separate chains, Split) where MR x NR < 12. Registers (32): MR x NR x
 // Split accumulators + 2 NR weight vectors + 5 decode constants (streamed tiles; x is read as a
 // memory operand of vdpbf16ps).
-constexpr int NrFor(int mr) { return mr == 1 ? 4 : mr == 2 ? 3 : mr == 3 ? 4 : mr <= 5 ? 3 : 2; }
+constexpr int NrFor(int mr, bool decoded) {
+  return decoded ? (mr <= 4 ? 3 : 2) : mr == 1 ? 4 : mr == 2 ? 3 : mr == 3 ? 4 : mr <= 5 ? 3 : 2;
+}
 constexpr int SplitFor(int mr, int nr) { return mr * nr < 12 ? 2 : 1; }
 
 struct Tables {
@@ -163,7 +165,7 @@ struct Chunk {
 template <int MR, bool DECODED>
 void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* part, float* y,
               int64_t ldy) {
-  constexpr int NR = NrFor(MR);
+  constexpr int NR = NrFor(MR, DECODED);
   constexpr int64_t kElem = DECODED ? 2 : 1;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   int64_t j = 0;
@@ -179,6 +181,7 @@ void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* par
     case 1: return tail(std::integral_constant<int, 1>{});
     case 2: if constexpr (NR > 2) return tail(std::integral_constant<int, 2>{}); break;
     case 3: if constexpr (NR > 3) return tail(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (NR > 4) return tail(std::integral_constant<int, 4>{}); break;
   }
 }
 
@@ -197,9 +200,21 @@ void BandRowsDispatch(int mr, const Chunk& c, const void* w, int64_t ldw, int64_
 // The scale of exponent byte e as a bf16 exponent-field add: (e - 127) << 7.
 inline int16_t ScaleAdd(uint8_t e) { return static_cast<int16_t>((static_cast<int>(e) - 127) * 128); }
 
+// Smallest / largest of the 32 16-bit lanes of v (unsigned).
+inline int16_t MinEpu16(__m512i v) {
+  return static_cast<int16_t>(_mm512_reduce_min_epu32(
+      _mm512_min_epu32(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(v, 16))));
+}
+inline int16_t MaxEpu16(__m512i v) {
+  return static_cast<int16_t>(_mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(v, 16))));
+}
+
 // x prepared once per call: xs[i] = x[i] permuted per 64-column group (zero past k), and per
 // 32-column block the smallest and largest biased exponent of its nonzero values over all rows
-// (bands then check their scale against these). False when x holds a subnormal, Inf or NaN.
+// (bands then check their scale against these; a block zero in every row gets lo 255 > hi 0).
+// False when x holds a subnormal, Inf or NaN. Columns outer, rows inner: the per-block minimum
+// and maximum stay in registers and are reduced once per block, not once per row.
 bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs, int16_t* ex_lo,
            int16_t* ex_hi) {
   // Word indices of the lo / hi vectors in the two 32-word halves of a group (bit 5 picks b).
@@ -211,41 +226,29 @@ bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs, int1
                                                   46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
   const __m512i lo_idx = _mm512_load_si512(kLoIdx), hi_idx = _mm512_load_si512(kHiIdx);
   const __m512i mag = _mm512_set1_epi16(0x7fff), ex_mask = _mm512_set1_epi16(0xff);
-  const int64_t kb = k / 32;
-  std::fill(ex_lo, ex_lo + kb, int16_t{255});
-  std::fill(ex_hi, ex_hi + kb, int16_t{0});
   __mmask32 bad = 0;
-  for (int i = 0; i < m; ++i) {
-    const uint16_t* xr = x + static_cast<int64_t>(i) * k;
-    uint16_t* d = xs + i * ldxs;
-    for (int64_t g = 0; g < k; g += kGroup) {
-      __m512i half[2];
+  for (int64_t g = 0; g < k; g += kGroup) {
+    const bool two = g + 32 < k;  // the group's second exponent block exists
+    __m512i vlo[2] = {ex_mask, ex_mask}, vhi[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int i = 0; i < m; ++i) {
+      const uint16_t* xr = x + static_cast<int64_t>(i) * k + g;
+      __m512i half[2] = {_mm512_loadu_si512(xr), _mm512_setzero_si512()};
+      if (two) half[1] = _mm512_loadu_si512(xr + 32);
       for (int h = 0; h < 2; ++h) {
-        const int64_t c0 = g + 32 * h;  // one exponent block
-        if (c0 >= k) {
-          half[h] = _mm512_setzero_si512();
-          continue;
-        }
-        half[h] = _mm512_loadu_si512(xr + c0);
         const __mmask32 nz = _mm512_test_epi16_mask(half[h], mag);
         const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(half[h], 7), ex_mask);
         bad |= _mm512_mask_cmpeq_epi16_mask(nz, ex, _mm512_setzero_si512()) |
                _mm512_mask_cmpeq_epi16_mask(nz, ex, ex_mask);
-        if (nz != 0) {
-          const int16_t lo = static_cast<int16_t>(
-              _mm512_mask_reduce_min_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
-          const int16_t lo2 = static_cast<int16_t>(_mm512_mask_reduce_min_epi32(
-              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
-          const int16_t hi = static_cast<int16_t>(
-              _mm512_mask_reduce_max_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
-          const int16_t hi2 = static_cast<int16_t>(_mm512_mask_reduce_max_epi32(
-              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
-          ex_lo[c0 / 32] = std::min({ex_lo[c0 / 32], lo, lo2});
-          ex_hi[c0 / 32] = std::max({ex_hi[c0 / 32], hi, hi2});
-        }
+        vlo[h] = _mm512_mask_min_epu16(vlo[h], nz, vlo[h], ex);
+        vhi[h] = _mm512_mask_max_epu16(vhi[h], nz, vhi[h], ex);
       }
-      _mm512_store_si512(d + g, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
-      _mm512_store_si512(d + g + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
+      uint16_t* d = xs + i * ldxs + g;
+      _mm512_store_si512(d, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
+      _mm512_store_si512(d + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
+    }
+    for (int h = 0; h < (two ? 2 : 1); ++h) {
+      ex_lo[g / 32 + h] = MinEpu16(vlo[h]);
+      ex_hi[g / 32 + h] = MaxEpu16(vhi[h]);
     }
   }
   return bad == 0;
@@ -358,7 +361,7 @@ void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
       for (int g = 0; g < groups; ++g) {
         const int mr = m / groups + (g < m % groups ? 1 : 0);
         Chunk c{xsc + static_cast<int64_t>(m0) * kpad + kc0, kpad, kcn, std::min(kcn, k - kc0),
-                kc0 == 0, kc0 + kcn == kpad, NrFor(mr) * k};
+                kc0 == 0, kc0 + kcn == kpad, 4 * NrFor(mr, false) * k};
         float* yg = y + m0 * ldy + r0;
         float* pg = part + g * part_per_group;
         if (groups > 1) {
