@@ -267,10 +267,13 @@ bool BandFits(const uint8_t* e, int64_t kb, const int16_t* ex_lo, const int16_t*
   return true;
 }
 
-// dst[i] = xs[i] * 2^(e[block] - 127) (exact under BandFits), same layout, for m rows.
-void ScaleX(const uint16_t* xs, int m, int64_t kpad, const uint8_t* e, int64_t kb, uint16_t* dst) {
+// dst[i] = xs[i] * 2^(e[block] - 127) (exact under BandFits), same layout, for m rows and the
+// columns [c0, c1) (multiples of 64): one column chunk, scaled just before its tiles read it so
+// that it is still in L1 (a whole band's x for 5 rows, 51 KB, is not).
+void ScaleX(const uint16_t* xs, int m, int64_t kpad, int64_t c0, int64_t c1, const uint8_t* e,
+            int64_t kb, uint16_t* dst) {
   const __m512i mag = _mm512_set1_epi16(0x7fff);
-  for (int64_t g = 0; g < kpad; g += kGroup) {
+  for (int64_t g = c0; g < c1; g += kGroup) {
     const int64_t b = g / 32;
     // Lanes 0-15 of lo and hi come from block b, 16-31 from block b + 1.
     const __m512i s = _mm512_mask_blend_epi16(
@@ -352,11 +355,13 @@ void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
       Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, band, band + 1);
       continue;
     }
-    if (groups == 1) ScaleX(xs, m, kpad, e, kb, xsc);
     const uint8_t* wb = codes + r0 * k;
     for (int64_t kc0 = 0; kc0 < kpad; kc0 += kc) {
       const int64_t kcn = std::min(kc, kpad - kc0);
-      if (groups > 1) DecodeChunk(wb, k, nb, kc0, kcn, e, wd);
+      if (groups > 1)
+        DecodeChunk(wb, k, nb, kc0, kcn, e, wd);
+      else
+        ScaleX(xs, m, kpad, kc0, kc0 + kcn, e, kb, xsc);
       int m0 = 0;
       for (int g = 0; g < groups; ++g) {
         const int mr = m / groups + (g < m % groups ? 1 : 0);
