@@ -23,7 +23,9 @@
 // 48-55} of a 64-column group and "hi" the others (in both, 16-bit lanes 0-15 come from the
 // group's first exponent block, 16-31 from the second); x is stored permuted the same way.
 // Blocking as in head_gemv_avx2.cc: bands of 32 output rows (one exponent row), x rows in groups
-// of up to 8, columns in chunks whose x tile stays in L1, NR weight rows per tile.
+// of up to 8, columns in chunks whose x tile stays in L1, NR weight rows per tile. A tile's
+// accumulators and decoded weights live in registers (>= 12 independent vdpbf16ps chains, see
+// NrFor); a streamed band prefetches the next band's codes. Measurements: docs/NOTES.md, issue 12.
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps extracts with an undefined operand that -Wmaybe-uninitialized
