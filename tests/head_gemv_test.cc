@@ -279,6 +279,33 @@ TEST(HeadGemv, SameResultForAnyThreadCount) {
   }
 }
 
+TEST(HeadGemv, ARowsResultDoesNotDependOnItsBatch) {
+  // The server batches requests: each x row's output must be bit-identical whatever M it came in
+  // with (tile shapes, x-row groups and column chunks differ with M). K = 5120 so that chunking
+  // differs too; every row of M = 19 (3 groups on AVX-512) against the same row alone and inside
+  // M = 5.
+  const int64_t n = 70, k = 5120;
+  const Twin t = RandomTwin(n, k, 1250);
+  const int m = 19;
+  const auto x = ref::RandomBf16(static_cast<size_t>(m) * k, 1251);
+  cpu::ThreadPool pool(2);
+  for (GemvIsa isa : Isas()) {
+    std::vector<float> all(m * n, kNaN);
+    cpu::HeadGemvFp8With(isa, x.data(), m, k, t.codes.data(), t.exps.data(), n, all.data(), n,
+                         pool);
+    for (int i = 0; i < m; ++i) {
+      std::vector<float> one(n, kNaN), five(5 * n, kNaN);
+      cpu::HeadGemvFp8With(isa, x.data() + i * k, 1, k, t.codes.data(), t.exps.data(), n,
+                           one.data(), n, pool);
+      const int i0 = std::min(i, m - 5);  // five rows holding row i at position i - i0
+      cpu::HeadGemvFp8With(isa, x.data() + i0 * k, 5, k, t.codes.data(), t.exps.data(), n,
+                           five.data(), n, pool);
+      EXPECT_EQ(std::memcmp(one.data(), &all[i * n], n * 4), 0) << Name(isa) << " row " << i;
+      EXPECT_EQ(std::memcmp(one.data(), &five[(i - i0) * n], n * 4), 0) << Name(isa) << " row " << i;
+    }
+  }
+}
+
 TEST(HeadGemv, AutoMatchesTheChosenIsa) {
   const Twin t = RandomTwin(100, 256, 1300);
   const auto x = ref::RandomBf16(5 * 256, 1301);

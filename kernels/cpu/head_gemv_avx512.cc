@@ -49,14 +49,13 @@ constexpr int kMaxMr = 8;
 constexpr int64_t kGroup = 64;  // columns per decoded pair of vectors
 
 // Tile width (weight rows) for mr x rows. vdpbf16ps issues 2 a cycle with a latency of 6 (Zen 5),
-// so a tile needs >= 12 independent accumulator chains: MR x NR of them, doubled (the lo and hi
-// columns of a group in separate chains, Split) where MR x NR < 12. Registers (32): MR x NR x
-// Split accumulators + 2 NR weight vectors + 5 decode constants (streamed tiles; x is read as a
-// memory operand of vdpbf16ps).
+// so a tile needs >= 12 independent accumulator chains, MR x NR, where the registers allow (32:
+// MR x NR accumulators + 2 NR weight vectors + 5 decode constants for streamed tiles; x is read
+// as a memory operand). One chain per output: each output's summation order is then the same
+// for every MR, NR and tail tile, so a row's logits do not depend on the batch it came in.
 constexpr int NrFor(int mr, bool decoded) {
-  return decoded ? (mr <= 4 ? 3 : 2) : mr == 1 ? 4 : mr == 2 ? 3 : mr == 3 ? 4 : mr <= 5 ? 3 : 2;
+  return decoded ? (mr <= 4 ? 3 : 2) : mr == 1 ? 8 : mr == 2 ? 6 : mr == 3 ? 4 : mr <= 5 ? 3 : 2;
 }
-constexpr int SplitFor(int mr, int nr) { return mr * nr < 12 ? 2 : 1; }
 
 struct Tables {
   __m512i lo0, lo1, hi0, hi1;
@@ -97,7 +96,7 @@ inline __mmask64 ValidMask(int64_t left) {
 // One MR x NR tile over kcn columns (a multiple of 64): xs [MR][ldxs] bf16 (permuted, scaled).
 // DECODED: w is a bf16 buffer of decoded rows (uint16_t, stride ldw elements, lo then hi per
 // 64 columns); else e4m3 codes (stride ldw bytes, `valid` real columns, zero-masked past them).
-// Every loop over MR / NR / S is unrolled so that accumulators and decoded weights stay in
+// Every loop over MR / NR is unrolled so that accumulators and decoded weights stay in
 // registers (GCC 12 at -O2 does not unroll them by itself: it kept both on the stack, a store and
 // reload per accumulator per 64 columns).
 template <int MR, int NR, bool DECODED>
@@ -105,19 +104,16 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const voi
                                      int64_t ldw, int64_t kcn, int64_t valid, float* part,
                                      bool first, bool last, float* y, int64_t ldy,
                                      int64_t pf_dist) {
-  constexpr int S = SplitFor(MR, NR);
   const Tables& t = DecodeTables();
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   const uint8_t* w = static_cast<const uint8_t*>(wv);
   const uint16_t* wd = static_cast<const uint16_t*>(wv);
-  __m512 acc[MR][NR][S];
+  __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      acc[i][j][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (j * MR + i) * 16);
-      if constexpr (S == 2) acc[i][j][S - 1] = _mm512_setzero_ps();
-    }
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (j * MR + i) * 16);
   }
   for (int64_t kk = 0; kk < kcn; kk += kGroup) {
     __m512i wl[NR], wh[NR];
@@ -139,8 +135,8 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const voi
       const __m512bh xh = (__m512bh)_mm512_load_si512(xs + i * ldxs + kk + 32);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        acc[i][j][0] = _mm512_dpbf16_ps(acc[i][j][0], (__m512bh)wl[j], xl);
-        acc[i][j][S - 1] = _mm512_dpbf16_ps(acc[i][j][S - 1], (__m512bh)wh[j], xh);
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wl[j], xl);
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wh[j], xh);
       }
     }
   }
@@ -148,11 +144,10 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const voi
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const __m512 a = S == 2 ? _mm512_add_ps(acc[i][j][0], acc[i][j][S - 1]) : acc[i][j][0];
       if (last)
-        y[i * ldy + j] = _mm512_reduce_add_ps(a);
+        y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
       else
-        _mm512_storeu_ps(part + (j * MR + i) * 16, a);
+        _mm512_storeu_ps(part + (j * MR + i) * 16, acc[i][j]);
     }
   }
 }
@@ -184,6 +179,9 @@ void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* par
     case 2: if constexpr (NR > 2) return tail(std::integral_constant<int, 2>{}); break;
     case 3: if constexpr (NR > 3) return tail(std::integral_constant<int, 3>{}); break;
     case 4: if constexpr (NR > 4) return tail(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (NR > 5) return tail(std::integral_constant<int, 5>{}); break;
+    case 6: if constexpr (NR > 6) return tail(std::integral_constant<int, 6>{}); break;
+    case 7: if constexpr (NR > 7) return tail(std::integral_constant<int, 7>{}); break;
   }
 }
 
