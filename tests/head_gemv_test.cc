@@ -167,6 +167,42 @@ TEST(HeadGemvFp8, TwinOfGaussianWeights) {
     for (int m : {1, 5, 16, 64}) CheckFp8(isa, t, m, pool, 500 + m);
 }
 
+TEST(HeadGemvFp8, EveryCodeDecodesExactly) {
+  // Row r of the twin holds code r once (at a column that walks through every position of a
+  // 64-column group) and zeros elsewhere; x row i is 2^i everywhere. Each output is then one exact
+  // product, code value * 2^(block exponent - 127) * 2^i, so a wrong decode of any of the 254
+  // valid codes (the two NaN codes are left zero) is an exact mismatch, not hidden in a tolerance.
+  const int64_t n = 256, k = 128;
+  Twin t{n, k, std::vector<uint8_t>(n * k, 0), std::vector<uint8_t>(cpu::TwinExpRows(n) * (k / 32))};
+  auto col = [&](int64_t r) { return (r * 37) % k; };
+  for (int64_t r = 0; r < n; ++r)
+    if ((r & 0x7f) != 0x7f) t.codes[r * k + col(r)] = static_cast<uint8_t>(r);
+  for (size_t b = 0; b < t.exps.size(); ++b) t.exps[b] = static_cast<uint8_t>(118 + b % 13);
+  cpu::ThreadPool pool(2);
+  for (GemvIsa isa : Isas()) {
+    for (int m : {1, 5, 9}) {  // 9: two x-row groups (the AVX-512 path decodes once per band)
+      std::vector<uint16_t> x(static_cast<size_t>(m) * k);
+      for (int i = 0; i < m; ++i)
+        std::fill(x.begin() + i * k, x.begin() + (i + 1) * k, FloatToBf16(std::ldexp(1.0f, i)));
+      std::vector<float> y(static_cast<size_t>(m) * n, kNaN);
+      cpu::HeadGemvFp8With(isa, x.data(), m, k, t.codes.data(), t.exps.data(), n, y.data(), n,
+                           pool);
+      int bad = 0;
+      for (int i = 0; i < m; ++i) {
+        for (int64_t r = 0; r < n; ++r) {
+          const uint8_t code = t.codes[r * k + col(r)];
+          const int e = t.exps[(r / 32) * (k / 32) + col(r) / 32];
+          const float want = std::ldexp(E4m3ToFloat(code), e - 127 + i);
+          if (y[i * n + r] != want && bad++ < 5)
+            ADD_FAILURE() << Name(isa) << " m=" << m << " code 0x" << std::hex << int{code}
+                          << std::dec << " row " << i << ": " << y[i * n + r] << ", want " << want;
+        }
+      }
+      EXPECT_EQ(bad, 0) << Name(isa) << " m=" << m;
+    }
+  }
+}
+
 TEST(HeadGemvFp8, ExtremeExponents) {
   // Bands with exponents at both ends (including > 246, which the AVX2 kernel hands to the
   // scalar path) and x scaled so the products stay inside fp32.
@@ -240,6 +276,33 @@ TEST(HeadGemv, SameResultForAnyThreadCount) {
     cpu::HeadGemvFp8With(isa, x.data(), 17, 1024, t.codes.data(), t.exps.data(), 1000, b.data(),
                          1000, p3);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << Name(isa);
+  }
+}
+
+TEST(HeadGemv, ARowsResultDoesNotDependOnItsBatch) {
+  // The server batches requests: each x row's output must be bit-identical whatever M it came in
+  // with (tile shapes, x-row groups and column chunks differ with M). K = 5120 so that chunking
+  // differs too; every row of M = 19 (3 groups on AVX-512) against the same row alone and inside
+  // M = 5.
+  const int64_t n = 70, k = 5120;
+  const Twin t = RandomTwin(n, k, 1250);
+  const int m = 19;
+  const auto x = ref::RandomBf16(static_cast<size_t>(m) * k, 1251);
+  cpu::ThreadPool pool(2);
+  for (GemvIsa isa : Isas()) {
+    std::vector<float> all(m * n, kNaN);
+    cpu::HeadGemvFp8With(isa, x.data(), m, k, t.codes.data(), t.exps.data(), n, all.data(), n,
+                         pool);
+    for (int i = 0; i < m; ++i) {
+      std::vector<float> one(n, kNaN), five(5 * n, kNaN);
+      cpu::HeadGemvFp8With(isa, x.data() + i * k, 1, k, t.codes.data(), t.exps.data(), n,
+                           one.data(), n, pool);
+      const int i0 = std::min(i, m - 5);  // five rows holding row i at position i - i0
+      cpu::HeadGemvFp8With(isa, x.data() + i0 * k, 5, k, t.codes.data(), t.exps.data(), n,
+                           five.data(), n, pool);
+      EXPECT_EQ(std::memcmp(one.data(), &all[i * n], n * 4), 0) << Name(isa) << " row " << i;
+      EXPECT_EQ(std::memcmp(one.data(), &five[(i - i0) * n], n * 4), 0) << Name(isa) << " row " << i;
+    }
   }
 }
 

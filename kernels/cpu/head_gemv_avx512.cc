@@ -23,7 +23,9 @@
 // 48-55} of a 64-column group and "hi" the others (in both, 16-bit lanes 0-15 come from the
 // group's first exponent block, 16-31 from the second); x is stored permuted the same way.
 // Blocking as in head_gemv_avx2.cc: bands of 32 output rows (one exponent row), x rows in groups
-// of up to 8, columns in chunks whose x tile stays in L1, NR weight rows per tile.
+// of up to 8, columns in chunks whose x tile stays in L1, NR weight rows per tile. A tile's
+// accumulators and decoded weights live in registers (>= 12 independent vdpbf16ps chains, see
+// NrFor); a streamed band prefetches the next band's codes. Measurements: docs/NOTES.md, issue 12.
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps extracts with an undefined operand that -Wmaybe-uninitialized
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/head_gemv.h"
@@ -45,9 +48,14 @@ constexpr int64_t kBand = 32;
 constexpr int kMaxMr = 8;
 constexpr int64_t kGroup = 64;  // columns per decoded pair of vectors
 
-// Tile width (weight rows) for mr x rows: mr * NR accumulators + 2 * NR weight vectors + x + 4
-// tables within the 32 vector registers.
-constexpr int NrFor(int mr) { return mr <= 2 ? 6 : mr <= 4 ? 3 : 2; }
+// Tile width (weight rows) for mr x rows. vdpbf16ps issues 2 a cycle with a latency of 6 (Zen 5),
+// so a tile needs >= 12 independent accumulator chains, MR x NR, where the registers allow (32:
+// MR x NR accumulators + 2 NR weight vectors + 5 decode constants for streamed tiles; x is read
+// as a memory operand). One chain per output: each output's summation order is then the same
+// for every MR, NR and tail tile, so a row's logits do not depend on the batch it came in.
+constexpr int NrFor(int mr, bool decoded) {
+  return decoded ? (mr <= 4 ? 3 : 2) : mr == 1 ? 8 : mr == 2 ? 6 : mr == 3 ? 4 : mr <= 5 ? 3 : 2;
+}
 
 struct Tables {
   __m512i lo0, lo1, hi0, hi1;
@@ -88,6 +96,9 @@ inline __mmask64 ValidMask(int64_t left) {
 // One MR x NR tile over kcn columns (a multiple of 64): xs [MR][ldxs] bf16 (permuted, scaled).
 // DECODED: w is a bf16 buffer of decoded rows (uint16_t, stride ldw elements, lo then hi per
 // 64 columns); else e4m3 codes (stride ldw bytes, `valid` real columns, zero-masked past them).
+// Every loop over MR / NR is unrolled so that accumulators and decoded weights stay in
+// registers (GCC 12 at -O2 does not unroll them by itself: it kept both on the stack, a store and
+// reload per accumulator per 64 columns).
 template <int MR, int NR, bool DECODED>
 __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const void* wv,
                                      int64_t ldw, int64_t kcn, int64_t valid, float* part,
@@ -98,11 +109,15 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const voi
   const uint8_t* w = static_cast<const uint8_t*>(wv);
   const uint16_t* wd = static_cast<const uint16_t*>(wv);
   __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j)
       acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (j * MR + i) * 16);
+  }
   for (int64_t kk = 0; kk < kcn; kk += kGroup) {
     __m512i wl[NR], wh[NR];
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       if constexpr (DECODED) {
         wl[j] = _mm512_load_si512(wd + j * ldw + kk);
@@ -114,21 +129,26 @@ __attribute__((noinline)) void Micro(const uint16_t* xs, int64_t ldxs, const voi
                  wh[j]);
       }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512bh xl = (__m512bh)_mm512_load_si512(xs + i * ldxs + kk);
       const __m512bh xh = (__m512bh)_mm512_load_si512(xs + i * ldxs + kk + 32);
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wl[j], xl);
         acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wh[j], xh);
       }
     }
   }
-  if (last) {
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
-  } else {
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) _mm512_storeu_ps(part + (j * MR + i) * 16, acc[i][j]);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      if (last)
+        y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+      else
+        _mm512_storeu_ps(part + (j * MR + i) * 16, acc[i][j]);
+    }
   }
 }
 
@@ -142,16 +162,27 @@ struct Chunk {
 template <int MR, bool DECODED>
 void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* part, float* y,
               int64_t ldy) {
-  constexpr int NR = NrFor(MR);
+  constexpr int NR = NrFor(MR, DECODED);
   constexpr int64_t kElem = DECODED ? 2 : 1;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   int64_t j = 0;
   for (; j + NR <= nb; j += NR)
     Micro<MR, NR, DECODED>(c.xs, c.ldxs, wb + j * ldw * kElem, ldw, c.kcn, c.valid,
                            part + j * MR * 16, c.first, c.last, y + j, ldy, c.pf_dist);
-  for (; j < nb; ++j)
-    Micro<MR, 1, DECODED>(c.xs, c.ldxs, wb + j * ldw * kElem, ldw, c.kcn, c.valid,
-                          part + j * MR * 16, c.first, c.last, y + j, ldy, c.pf_dist);
+  auto tail = [&](auto nr) {  // the band's last nb % NR rows as one narrower tile
+    Micro<MR, decltype(nr)::value, DECODED>(c.xs, c.ldxs, wb + j * ldw * kElem, ldw, c.kcn,
+                                            c.valid, part + j * MR * 16, c.first, c.last, y + j,
+                                            ldy, c.pf_dist);
+  };
+  switch (nb - j) {
+    case 1: return tail(std::integral_constant<int, 1>{});
+    case 2: if constexpr (NR > 2) return tail(std::integral_constant<int, 2>{}); break;
+    case 3: if constexpr (NR > 3) return tail(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (NR > 4) return tail(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (NR > 5) return tail(std::integral_constant<int, 5>{}); break;
+    case 6: if constexpr (NR > 6) return tail(std::integral_constant<int, 6>{}); break;
+    case 7: if constexpr (NR > 7) return tail(std::integral_constant<int, 7>{}); break;
+  }
 }
 
 template <bool DECODED>
@@ -169,9 +200,21 @@ void BandRowsDispatch(int mr, const Chunk& c, const void* w, int64_t ldw, int64_
 // The scale of exponent byte e as a bf16 exponent-field add: (e - 127) << 7.
 inline int16_t ScaleAdd(uint8_t e) { return static_cast<int16_t>((static_cast<int>(e) - 127) * 128); }
 
+// Smallest / largest of the 32 16-bit lanes of v (unsigned).
+inline int16_t MinEpu16(__m512i v) {
+  return static_cast<int16_t>(_mm512_reduce_min_epu32(
+      _mm512_min_epu32(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(v, 16))));
+}
+inline int16_t MaxEpu16(__m512i v) {
+  return static_cast<int16_t>(_mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(v, 16))));
+}
+
 // x prepared once per call: xs[i] = x[i] permuted per 64-column group (zero past k), and per
 // 32-column block the smallest and largest biased exponent of its nonzero values over all rows
-// (bands then check their scale against these). False when x holds a subnormal, Inf or NaN.
+// (bands then check their scale against these; a block zero in every row gets lo 255 > hi 0).
+// False when x holds a subnormal, Inf or NaN. Columns outer, rows inner: the per-block minimum
+// and maximum stay in registers and are reduced once per block, not once per row.
 bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs, int16_t* ex_lo,
            int16_t* ex_hi) {
   // Word indices of the lo / hi vectors in the two 32-word halves of a group (bit 5 picks b).
@@ -183,41 +226,29 @@ bool PrepX(const uint16_t* x, int64_t k, int m, int64_t ldxs, uint16_t* xs, int1
                                                   46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
   const __m512i lo_idx = _mm512_load_si512(kLoIdx), hi_idx = _mm512_load_si512(kHiIdx);
   const __m512i mag = _mm512_set1_epi16(0x7fff), ex_mask = _mm512_set1_epi16(0xff);
-  const int64_t kb = k / 32;
-  std::fill(ex_lo, ex_lo + kb, int16_t{255});
-  std::fill(ex_hi, ex_hi + kb, int16_t{0});
   __mmask32 bad = 0;
-  for (int i = 0; i < m; ++i) {
-    const uint16_t* xr = x + static_cast<int64_t>(i) * k;
-    uint16_t* d = xs + i * ldxs;
-    for (int64_t g = 0; g < k; g += kGroup) {
-      __m512i half[2];
+  for (int64_t g = 0; g < k; g += kGroup) {
+    const bool two = g + 32 < k;  // the group's second exponent block exists
+    __m512i vlo[2] = {ex_mask, ex_mask}, vhi[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int i = 0; i < m; ++i) {
+      const uint16_t* xr = x + static_cast<int64_t>(i) * k + g;
+      __m512i half[2] = {_mm512_loadu_si512(xr), _mm512_setzero_si512()};
+      if (two) half[1] = _mm512_loadu_si512(xr + 32);
       for (int h = 0; h < 2; ++h) {
-        const int64_t c0 = g + 32 * h;  // one exponent block
-        if (c0 >= k) {
-          half[h] = _mm512_setzero_si512();
-          continue;
-        }
-        half[h] = _mm512_loadu_si512(xr + c0);
         const __mmask32 nz = _mm512_test_epi16_mask(half[h], mag);
         const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(half[h], 7), ex_mask);
         bad |= _mm512_mask_cmpeq_epi16_mask(nz, ex, _mm512_setzero_si512()) |
                _mm512_mask_cmpeq_epi16_mask(nz, ex, ex_mask);
-        if (nz != 0) {
-          const int16_t lo = static_cast<int16_t>(
-              _mm512_mask_reduce_min_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
-          const int16_t lo2 = static_cast<int16_t>(_mm512_mask_reduce_min_epi32(
-              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
-          const int16_t hi = static_cast<int16_t>(
-              _mm512_mask_reduce_max_epi32(nz & 0xffff, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(ex))));
-          const int16_t hi2 = static_cast<int16_t>(_mm512_mask_reduce_max_epi32(
-              nz >> 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ex, 1))));
-          ex_lo[c0 / 32] = std::min({ex_lo[c0 / 32], lo, lo2});
-          ex_hi[c0 / 32] = std::max({ex_hi[c0 / 32], hi, hi2});
-        }
+        vlo[h] = _mm512_mask_min_epu16(vlo[h], nz, vlo[h], ex);
+        vhi[h] = _mm512_mask_max_epu16(vhi[h], nz, vhi[h], ex);
       }
-      _mm512_store_si512(d + g, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
-      _mm512_store_si512(d + g + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
+      uint16_t* d = xs + i * ldxs + g;
+      _mm512_store_si512(d, _mm512_permutex2var_epi16(half[0], lo_idx, half[1]));
+      _mm512_store_si512(d + 32, _mm512_permutex2var_epi16(half[0], hi_idx, half[1]));
+    }
+    for (int h = 0; h < (two ? 2 : 1); ++h) {
+      ex_lo[g / 32 + h] = MinEpu16(vlo[h]);
+      ex_hi[g / 32 + h] = MaxEpu16(vhi[h]);
     }
   }
   return bad == 0;
@@ -236,10 +267,13 @@ bool BandFits(const uint8_t* e, int64_t kb, const int16_t* ex_lo, const int16_t*
   return true;
 }
 
-// dst[i] = xs[i] * 2^(e[block] - 127) (exact under BandFits), same layout, for m rows.
-void ScaleX(const uint16_t* xs, int m, int64_t kpad, const uint8_t* e, int64_t kb, uint16_t* dst) {
+// dst[i] = xs[i] * 2^(e[block] - 127) (exact under BandFits), same layout, for m rows and the
+// columns [c0, c1) (multiples of 64): one column chunk, scaled just before its tiles read it so
+// that it is still in L1 (a whole band's x for 5 rows, 51 KB, is not).
+void ScaleX(const uint16_t* xs, int m, int64_t kpad, int64_t c0, int64_t c1, const uint8_t* e,
+            int64_t kb, uint16_t* dst) {
   const __m512i mag = _mm512_set1_epi16(0x7fff);
-  for (int64_t g = 0; g < kpad; g += kGroup) {
+  for (int64_t g = c0; g < c1; g += kGroup) {
     const int64_t b = g / 32;
     // Lanes 0-15 of lo and hi come from block b, 16-31 from block b + 1.
     const __m512i s = _mm512_mask_blend_epi16(
@@ -321,24 +355,30 @@ void Fp8BandsAvx512(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
       Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, band, band + 1);
       continue;
     }
-    if (groups == 1) ScaleX(xs, m, kpad, e, kb, xsc);
     const uint8_t* wb = codes + r0 * k;
+    // The next band's codes, when this thread does it and it is whole (see the prefetch below).
+    const int64_t pf_dist = band + 1 < b1 && r0 + 2 * kBand <= n ? kBand * k : 0;
     for (int64_t kc0 = 0; kc0 < kpad; kc0 += kc) {
       const int64_t kcn = std::min(kc, kpad - kc0);
-      if (groups > 1) DecodeChunk(wb, k, nb, kc0, kcn, e, wd);
+      if (groups > 1)
+        DecodeChunk(wb, k, nb, kc0, kcn, e, wd);
+      else
+        ScaleX(xs, m, kpad, kc0, kc0 + kcn, e, kb, xsc);
       int m0 = 0;
       for (int g = 0; g < groups; ++g) {
         const int mr = m / groups + (g < m % groups ? 1 : 0);
         Chunk c{xsc + static_cast<int64_t>(m0) * kpad + kc0, kpad, kcn, std::min(kcn, k - kc0),
-                kc0 == 0, kc0 + kcn == kpad, NrFor(mr) * k};
+                kc0 == 0, kc0 + kcn == kpad, pf_dist};
         float* yg = y + m0 * ldy + r0;
         float* pg = part + g * part_per_group;
         if (groups > 1) {
           BandRowsDispatch<true>(mr, c, wd, kcn, nb, pg, yg, ldy);
         } else {
-          // One group streams the band from memory: prefetch the rows one tile further on at the
-          // same columns (the row's next chunk, as the AVX2 path prefetches, would leave every
-          // row's first chunk to demand misses).
+          // One group streams the band from memory and prefetches the next band's codes at the
+          // same place, so each line is asked for once, a band (~164 KB, in L2) ahead. Without
+          // software prefetch M = 1 and 5 ran ~3x slower on the real shard (Zen 5, 2026-12-03);
+          // 1, 4 or 8 tiles ahead in the band or one band ahead measured the same within noise,
+          // 8 tiles ahead in processing order (into the band's next chunk) 2x slower at M = 5.
           BandRowsDispatch<false>(mr, c, wb + kc0, k, nb, pg, yg, ldy);
         }
         m0 += mr;
