@@ -41,7 +41,9 @@ SRC = os.environ.get("DRAFTHEAD_SOURCE_DIR", os.path.dirname(os.path.dirname(os.
 SERVER = os.path.join(BIN, "server", "drafthead-server")
 CACHE = os.environ.get("DRAFTHEAD_CONTAINER_CACHE", "/var/cache/drafthead-container")
 BASE = "localhost/drafthead-base:bookworm"
-IMAGE = "localhost/drafthead-test:cpu"
+# Per run: `podman rmi -f` at the end also removes the containers of an image, so two runs on one
+# host (two checkouts testing at once) must not share a tag.
+IMAGE = f"localhost/drafthead-test-{os.getpid()}:cpu"
 BASE_MAX_AGE_S = 7 * 24 * 3600
 SKIP = 77
 K, PADDED, SEED = 256, 2048, 7
