@@ -145,14 +145,13 @@ class KServeService::StreamReactor
       });
       return;
     }
-    {
-      absl::MutexLock l(&mu_);
-      ++unanswered_;
-    }
     // The message moves out of the read buffer and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
     const inference::ModelInferRequest req = std::move(req_);
-    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { flow_.reading = false; });  // never finishes: unanswered_ > 0
+    Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {  // never finishes: this request is unanswered
+      ++unanswered_;
+      flow_.reading = false;
+    });
     // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
     auto reserved = std::make_shared<uint64_t>(0);
     auto admitted = [this, reserved](const v1::LogitsRequest& native) {

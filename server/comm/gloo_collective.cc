@@ -76,7 +76,7 @@ class GlooCollective : public Collective {
                          std::chrono::milliseconds timeout) override {
     DH_RETURN_IF_ERROR(Usable(space));
     if (world() == 1 || bytes == 0) return absl::OkStatus();
-    if (links_) return Linked(links_->Broadcast(data, bytes, Clock::now() + timeout));
+    if (links_) return links_->Broadcast(data, bytes, Clock::now() + timeout);  // broken state: theirs
     gloo::BroadcastOptions opts(ctx_);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
     opts.setRoot(0);
@@ -102,7 +102,7 @@ class GlooCollective : public Collective {
       return absl::OkStatus();
     }
     if (bytes == 0) return absl::OkStatus();
-    if (links_) return Linked(links_->Gather(send, bytes, recv, Clock::now() + timeout));
+    if (links_) return links_->Gather(send, bytes, recv, Clock::now() + timeout);
     if (posted_ != nullptr) {
       // Rank 0 with its receives posted: the same slots gloo::gather uses on the peers.
       std::unique_ptr<Posted> p = std::move(posted_);
@@ -135,10 +135,6 @@ class GlooCollective : public Collective {
     if (space != MemorySpace::kHost)
       return absl::InvalidArgumentError("gloo: buffers must be in host memory");
     return absl::OkStatus();
-  }
-  absl::Status Linked(absl::Status s) {
-    if (!s.ok()) broken_ = true;
-    return s;
   }
   uint32_t NextTag() { return tag_++ & 0x7fffffffu; }
   uint32_t PeekTag() const { return tag_ & 0x7fffffffu; }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -49,10 +50,13 @@ int UnixSocket() {
   return fd;
 }
 
-void CloseAll(std::vector<int>& fds) {
-  for (int& fd : fds)
-    if (fd >= 0) ::close(fd), fd = -1;
-}
+// Closes its descriptor when it goes (-1: none).
+struct OwnedFd {
+  int fd = -1;
+  ~OwnedFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
 
 std::string KeyOk(int rank) { return absl::StrCat("links/ok/", rank); }
 
@@ -62,89 +66,69 @@ absl::StatusOr<std::unique_ptr<SameHostLinks>> SameHostLinks::Establish(int rank
                                                                         std::chrono::milliseconds timeout) {
   if (world < 2) return nullptr;
   const sockio::Deadline deadline = sockio::Clock::now() + timeout;
-  std::vector<int> fds(rank == 0 ? world : 1, -1);
+  // Owns every socket from here on: a path that gives up drops it, and its destructor closes them.
+  std::unique_ptr<SameHostLinks> links(new SameHostLinks(rank, world, std::vector<int>(rank == 0 ? world : 1, -1)));
+  std::vector<int>& fds = links->fds_;
   if (rank == 0) {
     // Listen on a fresh random name, publish it, learn whether every worker reached it.
     std::random_device rd;
     const uint64_t nonce = (uint64_t{rd()} << 32) | rd();
     const std::string name = absl::StrFormat("%016x", nonce);
-    int listen_fd = -1;
+    OwnedFd listening;
     if (want) {
-      listen_fd = UnixSocket();
+      listening.fd = UnixSocket();
       sockaddr_un a;
       const socklen_t len = AbstractAddress(name, &a);
-      if (listen_fd >= 0 && (::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
-                             ::listen(listen_fd, world) != 0)) {
-        ::close(listen_fd);
-        listen_fd = -1;
+      if (listening.fd >= 0 && (::bind(listening.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+                                ::listen(listening.fd, world) != 0)) {
+        ::close(listening.fd);
+        listening.fd = -1;
       }
     }
-    if (absl::Status s = kv.Set("links/addr", listen_fd >= 0 ? name : ""); !s.ok()) {
-      if (listen_fd >= 0) ::close(listen_fd);
-      return s;
-    }
-    bool all = listen_fd >= 0;
+    DH_RETURN_IF_ERROR(kv.Set("links/addr", listening.fd >= 0 ? name : ""));
+    bool all = listening.fd >= 0;
     for (int r = 1; r < world; ++r) {
       absl::StatusOr<std::string> ok = kv.Get(KeyOk(r), timeout);
-      if (!ok.ok()) {
-        if (listen_fd >= 0) ::close(listen_fd);
-        return ok.status();
-      }
+      if (!ok.ok()) return ok.status();
       all = all && *ok == "1";
     }
     // Every worker connected and wrote its hello before saying so: accept and identify them.
     for (int n = 1; all && n < world; ++n) {
-      all = sockio::WaitReady(listen_fd, POLLIN, deadline, kWho, "accept").ok();
-      const int fd = all ? ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC) : -1;
+      all = sockio::WaitReady(listening.fd, POLLIN, deadline, kWho, "accept").ok();
+      OwnedFd peer{all ? ::accept4(listening.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC) : -1};
       Frame h{};
-      all = fd >= 0 && sockio::ReadAll(fd, &h, sizeof(h), deadline, kWho).ok() && h.magic == kMagic &&
+      all = peer.fd >= 0 && sockio::ReadAll(peer.fd, &h, sizeof(h), deadline, kWho).ok() && h.magic == kMagic &&
             h.op == kOpHello && h.seq == nonce && h.bytes >= 1 && h.bytes < static_cast<uint64_t>(world) &&
             fds[h.bytes] < 0;
-      if (all) {
-        fds[h.bytes] = fd;
-      } else if (fd >= 0) {
-        ::close(fd);
-      }
+      if (all) std::swap(fds[h.bytes], peer.fd);
     }
-    if (listen_fd >= 0) ::close(listen_fd);
-    if (!all) CloseAll(fds);
-    if (absl::Status s = kv.Set("links/use", all ? "1" : "0"); !s.ok()) {
-      CloseAll(fds);
-      return s;
-    }
-    if (!all) return nullptr;
-    return std::unique_ptr<SameHostLinks>(new SameHostLinks(rank, world, std::move(fds)));
+    DH_RETURN_IF_ERROR(kv.Set("links/use", all ? "1" : "0"));
+    return all ? std::move(links) : nullptr;
   }
   // A worker: connect to rank 0's name if it has one, say whether that worked, follow rank 0.
   absl::StatusOr<std::string> name = kv.Get("links/addr", timeout);
   if (!name.ok()) return name.status();
-  bool ok = false;
-  if (want && !name->empty()) {
-    uint64_t nonce = 0;
-    ok = absl::SimpleHexAtoi(*name, &nonce);
-    fds[0] = ok ? UnixSocket() : -1;
+  uint64_t nonce = 0;
+  bool ok = want && !name->empty() && absl::SimpleHexAtoi(*name, &nonce);
+  if (ok) {
+    fds[0] = UnixSocket();
     sockaddr_un a;
     const socklen_t len = AbstractAddress(*name, &a);
     // Rank 0's backlog holds every worker, so a connect completes at once or fails (EAGAIN: full).
     ok = fds[0] >= 0 && ::connect(fds[0], reinterpret_cast<sockaddr*>(&a), len) == 0;
     const Frame hello{kMagic, kOpHello, nonce, static_cast<uint64_t>(rank)};
     ok = ok && sockio::WriteAll(fds[0], &hello, sizeof(hello), deadline, kWho).ok();
-    if (!ok) CloseAll(fds);
   }
-  if (absl::Status s = kv.Set(KeyOk(rank), ok ? "1" : "0"); !s.ok()) {
-    CloseAll(fds);
-    return s;
-  }
+  DH_RETURN_IF_ERROR(kv.Set(KeyOk(rank), ok ? "1" : "0"));
   absl::StatusOr<std::string> use = kv.Get("links/use", timeout);
-  if (!use.ok() || *use != "1" || !ok) {
-    CloseAll(fds);
-    if (!use.ok()) return use.status();
-    return nullptr;
-  }
-  return std::unique_ptr<SameHostLinks>(new SameHostLinks(rank, world, std::move(fds)));
+  if (!use.ok()) return use.status();
+  return ok && *use == "1" ? std::move(links) : nullptr;
 }
 
-SameHostLinks::~SameHostLinks() { CloseAll(fds_); }
+SameHostLinks::~SameHostLinks() {
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
+}
 
 absl::Status SameHostLinks::Fail(int peer, const absl::Status& s) {
   broken_ = true;

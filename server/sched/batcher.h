@@ -68,7 +68,8 @@ class Batcher {
   void Close(const absl::Status& reason);
 
   // Submit offers an item that may_run_inline to `runner` first when nothing is queued and
-  // max_queue_delay is 0 (else a wait for batches to fill was asked for); nullptr: off. `runner` must outlive its use here.
+  // max_queue_delay is 0 (else a wait for batches to fill was asked for); nullptr: off. `runner`
+  // must outlive its use here.
   void SetInlineRunner(InlineRunner* runner);
 
   uint32_t queued_rows() const;
