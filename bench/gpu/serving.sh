@@ -11,9 +11,11 @@
 #         then tp=4 --comm=gloo on the one GPU (c=1 and c=64). The GEMV time of each point is the
 #         server's own (Timing.gemv_us, device events around the kernel in the same run), and the
 #         M=64 GEMV for the c=64 bound comes from `bench`.
+# kserve: issue 14's table: native vs KServe v2 (--protocol=kserve) on the tp=1 server, M=5 TOP_K
+#         k=8, unary and stream, c=1, alternating runs (ROUNDS, default 3); ratio of median p50s.
 # python: bench/python_client_bench.py against the tp=1 server, torch CUDA tensors and numpy.
-# tests:  every GPU test binary (label cuda) with --gtest_repeat=50, each bounded by a timeout
-#         (last: a slow test run cannot cost the tables above).
+# tests:  every GPU test binary (label cuda) with --gtest_repeat=50, run at once, each bounded by
+#         TEST_TIMEOUT (last: a slow test run cannot cost the tables above); logs to $OUT if set.
 # Prints Markdown tables; SECS (default 4) sets the measured seconds per point, TEST_TIMEOUT (default
 # 180) the seconds per test binary (50 repeats; rerun `tests` alone with more if one times out).
 set -uo pipefail
@@ -60,7 +62,7 @@ print(f"| {label} | {gemv:.0f} | {p50:.0f} | GEMV + {bound_add:.0f} = {gemv + bo
 PY
 }
 
-if want serve || want python; then
+if want serve || want python || want kserve; then
   echo; echo "## tp=1 --comm=nccl, full vocabulary, synthetic weights"
   if serve "$srv" "$tmp/tp1.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1; then
     if want serve; then
@@ -90,6 +92,31 @@ print(f"\nc=64: {r['rows_per_s']:.0f} rows/s, {r['errors']} errors, batch_rows p
       f"85% of 64 / GEMV(M=64 = {g} us) = {bound and round(bound)} rows/s: {verdict}")
 PY
     fi
+    if want kserve; then
+      echo; echo "### Native vs KServe v2, c=1, M=5 TOP_K k=8, alternating runs of ${secs} s"
+      point_header
+      for ((r = 0; r < ${ROUNDS:-3}; ++r)); do
+        for call in unary stream; do
+          s=""; [ $call = stream ] && s="--stream"
+          for proto in native kserve; do
+            point "$proto $call (round $r)" --protocol=$proto --rows=5 --mode=topk --k=8 $s --duration=${secs}s
+            echo "$proto $call $p50" >>"$tmp/kserve.txt"
+          done
+        done
+      done
+      python3 - "$tmp/kserve.txt" <<'PY'
+import statistics, sys
+p = {}
+for line in open(sys.argv[1]):
+    proto, call, v = line.split()
+    p.setdefault((proto, call), []).append(float(v))
+print("\n| call | native p50 us (median) | KServe p50 us (median) | KServe / native | target <= 1.10 |")
+print("| --- | --- | --- | --- | --- |")
+for call in ("unary", "stream"):
+    a, b = statistics.median(p[("native", call)]), statistics.median(p[("kserve", call)])
+    print(f"| {call} | {a:.1f} | {b:.1f} | {b / a:.3f} | {'met' if b / a <= 1.10 else 'MISSED'} |")
+PY
+    fi
     if want python; then
       echo; echo "### Python client (bench/python_client_bench.py), c=1"
       timeout 90 python3 bench/python_client_bench.py --target=127.0.0.1:$port --device=cuda --seconds=$secs
@@ -117,17 +144,25 @@ if want tests; then
   echo; echo "## GPU tests, --gtest_repeat=50"
   echo "| test binary | result | seconds |"
   echo "| --- | --- | --- |"
-  for t in cuda_backend_test cuda_kernels_test; do
-    b=$DH/bin/tests/$t
-    t0=$SECONDS
-    timeout ${TEST_TIMEOUT:-180} "$b" --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.log" 2>&1
-    rc=$?
+  # The two binaries at once: their float64 references are single-threaded CPU work, so one after
+  # the other does not fit one device call; at once they also contend for the GPU, which a race
+  # would rather show than hide.
+  tests=(cuda_backend_test cuda_kernels_test)
+  t0=$SECONDS
+  for t in "${tests[@]}"; do
+    (timeout ${TEST_TIMEOUT:-180} "$DH/bin/tests/$t" --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.log" 2>&1
+     echo $? >"$tmp/$t.rc"; echo $((SECONDS - t0)) >"$tmp/$t.secs") &
+  done
+  wait
+  for t in "${tests[@]}"; do
+    rc=$(cat "$tmp/$t.rc")
     fails=$(grep -c '^\[  FAILED  \]' "$tmp/$t.log")
     res="pass (50 repeats)"
-    [ $rc -eq 124 ] && res="TIMEOUT after $((SECONDS - t0)) s ($(grep -c '^\[  PASSED  \]' "$tmp/$t.log") repeats passed)"
-    [ $rc -ne 0 ] && [ $rc -ne 124 ] && res="FAIL rc=$rc, $fails failures"
-    echo "| $t | $res | $((SECONDS - t0)) |"
-    [ $rc -ne 0 ] && grep -E '^\[  FAILED  \]|Failure|error' "$tmp/$t.log" | sort | uniq -c | head -20
+    [ "$rc" -eq 124 ] && res="TIMEOUT ($(grep -c 'Repeating all tests' "$tmp/$t.log") repeats started)"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && res="FAIL rc=$rc, $fails failures"
+    echo "| $t | $res | $(cat "$tmp/$t.secs") |"
+    [ "$rc" -ne 0 ] && grep -E '^\[  FAILED  \]|Failure|error' "$tmp/$t.log" | sort | uniq -c | head -20
+    cp "$tmp/$t.log" "${OUT:-$tmp}/" 2>/dev/null || true
   done
   stamp tests
 fi
