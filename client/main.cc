@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM client private key (mTLS)");
 ABSL_FLAG(std::string, tls_server_name, "", "name the server's certificate must carry (default: the target host)");
 ABSL_FLAG(bool, tls, false, "use TLS with the system's roots (implied by --tls-ca / --tls-cert)");
 ABSL_FLAG(std::string, timeout, "", "deadline of each call, all attempts (default: info, logits 30s; load 10s per request)");
+ABSL_FLAG(bool, balance_replicas, false,
+          "round robin over every address the target resolves to (dns:///NAME, ipv4:A:P,B:P), each "
+          "health-checked: replicas behind a headless Service (docs/operations.md)");
 ABSL_FLAG(int, attempts, 3, "attempts per call on UNAVAILABLE (info, logits), with exponential backoff");
 // ---- info ----
 ABSL_FLAG(std::string, json, "", "info: --json prints JSON; load: --json=FILE writes the JSON report ('-': stdout)");
@@ -118,6 +121,7 @@ absl::StatusOr<ClientOptions> CommonOptions(absl::Duration default_timeout) {
   if (absl::GetFlag(FLAGS_tls)) o.tls.enabled = true;
   o.default_deadline = default_timeout;
   o.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_attempts));
+  o.balance_replicas = absl::GetFlag(FLAGS_balance_replicas);
   if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target=HOST:PORT is required");
   return o;
 }
@@ -480,6 +484,7 @@ int RunLoadCommand() {
   report.sweep = !sweep.empty();
   report.config = {{"target", lo.target},
                    {"tls", lo.client.tls.enabled},
+                   {"balance_replicas", lo.client.balance_replicas},
                    {"loop", lo.rps > 0 ? "open" : "closed"},
                    {"concurrency", lo.concurrency},
                    {"rps", lo.rps},

@@ -65,9 +65,12 @@ inline bool ProcessGone(pid_t pid, std::chrono::milliseconds timeout) {
 
 class ServerProcess {
  public:
-  // Starts `drafthead-server args...`, logging to log_path.
-  ServerProcess(std::vector<std::string> args, std::string log_path) : log_(std::move(log_path)) {
-    args.insert(args.begin(), BinDir() + "/server/drafthead-server");
+  // Starts `drafthead-server args...` (or another of the project's programs: `program` relative to
+  // the build folder), logging its stderr to log_path.
+  ServerProcess(std::vector<std::string> args, std::string log_path,
+                const std::string& program = "server/drafthead-server")
+      : log_(std::move(log_path)) {
+    args.insert(args.begin(), BinDir() + "/" + program);
     pid_ = fork();
     if (pid_ == 0) {
       FILE* f = std::freopen(log_.c_str(), "w", stderr);
