@@ -191,16 +191,25 @@ const char* GemvIsaName(GemvIsa isa) {
   }
 }
 
-void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint8_t* codes,
-                     const uint8_t* exps, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
+namespace {
+
+// The frame both heads share: empty shapes, then the bands split over the pool, each range of bands
+// computed by bands(resolved ISA, b0, b1).
+template <class Bands>
+void RunBands(GemvIsa isa, int m, int64_t k, int64_t n, float* y, int64_t ldy, ThreadPool& pool, Bands bands) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return ZeroOutput(m, n, y, ldy);
   const Resolved r = Resolve(isa);
-  const int64_t bands = (n + kBand - 1) / kBand;
-  pool.ParallelFor(bands, 1, [&](int64_t b0, int64_t b1) {
+  pool.ParallelFor((n + kBand - 1) / kBand, 1, [&](int64_t b0, int64_t b1) { bands(r, b0, b1); });
+}
+
+}  // namespace
+
+void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                     const uint8_t* exps, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
+  RunBands(isa, m, k, n, y, ldy, pool, [&](Resolved r, int64_t b0, int64_t b1) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (r == Resolved::kAvx512)
-      return internal::Fp8BandsAvx512(x, m, k, codes, exps, n, y, ldy, b0, b1);
+    if (r == Resolved::kAvx512) return internal::Fp8BandsAvx512(x, m, k, codes, exps, n, y, ldy, b0, b1);
     if (r == Resolved::kAvx2) return internal::Fp8BandsAvx2(x, m, k, codes, exps, n, y, ldy, b0, b1);
 #endif
     internal::Fp8BandsScalar(x, m, k, codes, exps, n, y, ldy, b0, b1);
@@ -209,11 +218,7 @@ void HeadGemvFp8With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uin
 
 void HeadGemvBf16With(GemvIsa isa, const uint16_t* x, int m, int64_t k, const uint16_t* w,
                       int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return ZeroOutput(m, n, y, ldy);
-  const Resolved r = Resolve(isa);
-  const int64_t bands = (n + kBand - 1) / kBand;
-  pool.ParallelFor(bands, 1, [&](int64_t b0, int64_t b1) {
+  RunBands(isa, m, k, n, y, ldy, pool, [&](Resolved r, int64_t b0, int64_t b1) {
 #if defined(__x86_64__) || defined(__i386__)
     if (r != Resolved::kScalar) return internal::Bf16BandsAvx2(x, m, k, w, n, y, ldy, b0, b1);
 #endif
