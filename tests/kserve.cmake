@@ -1,8 +1,10 @@
 # tests for the KServe v2 API (fragment of tests/CMakeLists.txt): the translation unit-tested, then
+# Triton's `timeout` parameter against a stopped queue in process (kserve_queue_test), then
 # the real server from two independent clients: Node's @grpc/grpc-js (installed from npm into the
 # build tree on first use; skipped only if that fails) and Python's grpcio, each reading
 # proto/inference/grpc_service.proto. Each starts its own server (CPU, tp=2, tiny shapes).
 drafthead_add_test(kserve_translate_test SOURCES kserve_translate_test.cc LIBS drafthead_api TIMEOUT 60)
+drafthead_add_test(kserve_queue_test SOURCES kserve_queue_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 120)
 
 add_test(NAME kserve_node_test COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/kserve_node_test.sh)
 set_tests_properties(kserve_node_test PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS "e2e;kserve"

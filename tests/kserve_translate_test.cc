@@ -77,6 +77,25 @@ TEST(KServeTranslateTest, DefaultsAreTheNativeDefaults) {
   EXPECT_EQ(t->native.hidden_dtype(), v1::BF16);
 }
 
+// tritonclient's infer(priority=, timeout=) send Triton's reserved request parameters: accepted,
+// the timeout kept as the request's deadline, the priority checked and otherwise ignored.
+TEST(KServeTranslateTest, TritonReservedPriorityAndTimeout) {
+  auto r = Request();
+  EXPECT_EQ(TranslateRequest(r, Model())->timeout_us, 0u);
+  (*r.mutable_parameters())["priority"].set_uint64_param(2);
+  (*r.mutable_parameters())["timeout"].set_int64_param(1500);
+  auto t = TranslateRequest(r, Model());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->timeout_us, 1500u);
+  (*r.mutable_parameters())["timeout"].set_int64_param(-1);
+  ExpectBad(r, "timeout: -1 is negative");
+  (*r.mutable_parameters())["timeout"].set_string_param("1s");
+  ExpectBad(r, "timeout: ");
+  (*r.mutable_parameters())["timeout"].set_uint64_param(0);
+  (*r.mutable_parameters())["priority"].set_double_param(1.5);
+  ExpectBad(r, "priority: ");
+}
+
 TEST(KServeTranslateTest, RefusesByName) {
   auto r = Request();
   r.set_model_name("other");

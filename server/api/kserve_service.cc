@@ -1,5 +1,6 @@
 #include "server/api/kserve_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 
@@ -103,7 +104,8 @@ void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::Mod
     kserve::TranslateResponse(*t, model_, *native, &resp);
     const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
     done(written, written.ok() ? &resp : nullptr);
-  }, may_run_inline);
+  }, may_run_inline, t->timeout_us > 0 ? absl::Microseconds(std::min<uint64_t>(t->timeout_us, uint64_t{1} << 62))
+                                        : absl::InfiniteDuration());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,

@@ -19,7 +19,8 @@ using inference::InferParameter;
 
 constexpr char kInput[] = "hidden";
 constexpr const char* kOutputs[] = {"logits", "token_ids", "values", "probs"};
-constexpr char kKnownParameters[] = "mode, top_k, return_probs, temperature, seed, head, logits_dtype";
+constexpr char kKnownParameters[] =
+    "mode, top_k, return_probs, temperature, seed, head, logits_dtype, priority, timeout";
 
 absl::Status Bad(absl::string_view what, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
@@ -65,7 +66,8 @@ absl::StatusOr<uint64_t> Unsigned(const std::string& name, const InferParameter&
 }
 
 absl::Status ApplyParameter(const std::string& name, const InferParameter& p,
-                            const ModelDescription& model, v1::LogitsRequest* r) {
+                            const ModelDescription& model, TranslatedRequest* t) {
+  v1::LogitsRequest* r = &t->native;
   if (name == "mode") {
     auto mode = Choice<v1::Mode>(name, p, {{"full_logits", v1::FULL_LOGITS}, {"top_k", v1::TOP_K},
                                            {"argmax", v1::ARGMAX}, {"sample", v1::SAMPLE}});
@@ -101,6 +103,15 @@ absl::Status ApplyParameter(const std::string& name, const InferParameter& p,
       r->set_temperature(static_cast<float>(p.int64_param()));
     else
       return WrongKind(name, p, "a double_param (or int64_param)");
+  } else if (name == "priority") {
+    // Triton's reserved request parameter (tritonclient's infer(priority=)): checked and otherwise
+    // ignored, as Triton ignores it for a model without priority levels; one FIFO queue here.
+    if (auto v = Unsigned(name, p); !v.ok()) return v.status();
+  } else if (name == "timeout") {
+    // Triton's reserved request parameter (tritonclient's infer(timeout=)), microseconds, 0: none.
+    auto us = Unsigned(name, p);
+    if (!us.ok()) return us.status();
+    t->timeout_us = *us;
   } else {
     return Bad("parameters", absl::StrCat("unknown parameter '", name, "' (known: ", kKnownParameters, ")"));
   }
@@ -293,7 +304,7 @@ absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRe
   for (const auto& [name, value] : req.parameters()) names.push_back(name);
   std::sort(names.begin(), names.end());
   for (const std::string& name : names)
-    if (absl::Status s = ApplyParameter(name, req.parameters().at(name), model, &t.native); !s.ok()) return s;
+    if (absl::Status s = ApplyParameter(name, req.parameters().at(name), model, &t); !s.ok()) return s;
   if (absl::Status s = TranslateOutputs(req, model, &t); !s.ok()) return s;
   return t;
 }

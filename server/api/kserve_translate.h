@@ -7,7 +7,8 @@
 // The mapping (docs/client.md has it for callers):
 //   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0] or a shared-memory region)
 //     -> rows, hidden (or hidden_region), hidden_dtype
-//   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields
+//   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields;
+//   Triton's reserved `timeout` (microseconds) -> a queue deadline, `priority` checked and ignored
 //   outputs: full_logits -> `logits` ([rows, vocab], BF16 | FP32); otherwise `token_ids` (INT32
 //   [rows, k]), `values` (FP32) and, with return_probs, `probs` (FP32).
 // Errors: INVALID_ARGUMENT whose message starts with the tensor or parameter it is about
@@ -61,6 +62,7 @@ struct SharedMemorySlice {
 struct TranslatedRequest {
   v1::LogitsRequest native;
   std::string id;                    // echoed
+  uint64_t timeout_us = 0;           // Triton's `timeout` parameter: the answer's deadline; 0: none
   std::vector<std::string> outputs;  // the requested outputs in order; empty: all the mode makes
   std::map<std::string, SharedMemorySlice> output_shm;  // token_ids / values / probs, by name
 };

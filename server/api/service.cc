@@ -1,5 +1,6 @@
 #include "server/api/service.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
@@ -49,7 +50,7 @@ DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::M
 
 void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
                               std::function<void(const absl::Status&, v1::LogitsResponse*)> done,
-                              bool may_run_inline) {
+                              bool may_run_inline, absl::Duration timeout) {
   const auto arrived = Clock::now();
   const std::string mode = RequestModeName(req);
   const uint32_t rows = req.rows();
@@ -80,6 +81,8 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   item.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
   item.enqueued = Clock::now();
   item.deadline = SteadyDeadline(ctx);
+  if (timeout < absl::Hours(24 * 365))
+    item.deadline = std::min(item.deadline, arrived + absl::ToChronoNanoseconds(timeout));
   item.cancelled = [ctx] { return ctx->IsCancelled(); };
   item.may_run_inline = may_run_inline;
   const uint32_t validate_us = MicrosSince(arrived);

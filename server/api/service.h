@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "drafthead/v1/drafthead.grpc.pb.h"
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
@@ -56,9 +57,12 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   // Validates and queues one request; `done` is called exactly once (possibly before Submit
   // returns) with the result. `may_run_inline`: the calling thread has nothing else to do, so when
   // the engine is idle the request runs on it and Submit returns once it is answered
-  // (BatchItem::may_run_inline).
+  // (BatchItem::may_run_inline). `timeout`: a deadline nearer than the call's own, counted from
+  // arrival (KServe's `timeout` parameter); a request still queued at its deadline gets
+  // DEADLINE_EXCEEDED.
   void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
-              std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false);
+              std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false,
+              absl::Duration timeout = absl::InfiniteDuration());
 
  private:
   class StreamReactor;
