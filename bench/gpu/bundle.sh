@@ -39,5 +39,8 @@ strip --strip-unneeded "$stage"/lib/* 2>/dev/null || true
 # The generated Python stubs (the GPU machine has grpcio and protobuf, not protoc).
 [ -d "$build/client/python_gen" ] && cp -r "$build/client/python_gen/." "$stage/python/"
 mkdir -p "$out"
-tar -C "$stage" -cJf "$out/drafthead-gpu.tar.xz" .
+# Written beside and renamed into place: a device call that copies the tree meanwhile sees the old
+# bundle or the new one, never half of one.
+tar -C "$stage" -cJf "$out/.drafthead-gpu.tar.xz.part" .
+mv -f "$out/.drafthead-gpu.tar.xz.part" "$out/drafthead-gpu.tar.xz"
 echo "bundle: $(du -h "$out/drafthead-gpu.tar.xz" | cut -f1) in $out/drafthead-gpu.tar.xz (${#bins[@]} programs)"

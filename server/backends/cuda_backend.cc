@@ -35,44 +35,32 @@ namespace {
 #define DH_CUDA_CHECK(expr) DH_CUDA_RETURN_IF_ERROR(expr, rank_)
 #define DH_CUBLAS_CHECK(expr) DH_CUBLAS_RETURN_IF_ERROR(expr, rank_)
 
-// Grow-only device / pinned-host allocations (never shrink: batches vary from step to step).
-struct DeviceMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  ~DeviceMem() { Free(); }
-  void Free() {
-    if (p) cudaFree(p);
-    p = nullptr;
-    bytes = 0;
-  }
-  cudaError_t Reserve(size_t n) {
-    if (n <= bytes) return cudaSuccess;
-    Free();
-    const size_t want = std::max<size_t>(n, 256);
-    const cudaError_t e = cudaMalloc(&p, want);
-    if (e == cudaSuccess) bytes = want;
-    return e;
-  }
-};
+cudaError_t AllocDevice(void** p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t AllocPinned(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocDefault); }
 
-struct PinnedMem {
+// Grow-only allocations (never shrink: batches vary from step to step). kHeadroom: a quarter more
+// than asked, for fewer re-allocations of pinned host memory (slow to allocate).
+template <cudaError_t (*kAlloc)(void**, size_t), cudaError_t (*kFree)(void*), size_t kMinBytes, bool kHeadroom>
+struct GrowOnlyMem {
   void* p = nullptr;
   size_t bytes = 0;
-  ~PinnedMem() { Free(); }
+  ~GrowOnlyMem() { Free(); }
   void Free() {
-    if (p) cudaFreeHost(p);
+    if (p) kFree(p);
     p = nullptr;
     bytes = 0;
   }
   cudaError_t Reserve(size_t n) {
     if (n <= bytes) return cudaSuccess;
     Free();
-    const size_t want = std::max<size_t>(n + n / 4, 4096);  // headroom: fewer re-allocations
-    const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
+    const size_t want = std::max<size_t>(kHeadroom ? n + n / 4 : n, kMinBytes);
+    const cudaError_t e = kAlloc(&p, want);
     if (e == cudaSuccess) bytes = want;
     return e;
   }
 };
+using DeviceMem = GrowOnlyMem<AllocDevice, cudaFree, 256, false>;
+using PinnedMem = GrowOnlyMem<AllocPinned, cudaFreeHost, 4096, true>;
 
 size_t Align16(size_t n) { return (n + 15) & ~size_t{15}; }
 
