@@ -5,7 +5,7 @@
 # CUDA tensors (bench/gpu/regions_py.py, which first checks CUDA regions == bytes bit for bit, the
 # DSpark adapter included). GEMV: the server's Timing.compute_us p50 in the same run.
 #
-# On the GPU machine, from the repository root:  source bench/gpu/env.sh && bench/gpu/regions.sh
+# On the GPU machine, from the repository root:  bash bench/gpu/regions.sh (it sources env.sh)
 # Here (no GPU), the non-GPU parts at small shapes: DH_REGIONS_CPU=1 bench/gpu/regions.sh build
 # SECONDS_PER_POINT (default 5); PYTHON: the python3 with grpc, numpy (and torch). About 2 minutes on an H200.
 set -euo pipefail
@@ -17,7 +17,8 @@ if [ "${DH_REGIONS_CPU:-0}" = 1 ]; then
   server_flags=(--backend=cpu --comm=gloo --synthetic=1 --hidden-size=256 --padded-vocab=4096 --shared-memory=system)
   kinds=(off system)
 else
-  srv=$(command -v drafthead-server); cli=$(command -v drafthead-client)
+  source bench/gpu/env.sh
+  srv=$DH/bin/server/drafthead-server; cli=$DH/bin/client/drafthead-client
   server_flags=(--backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda)
   kinds=(off system cuda)
 fi
