@@ -89,10 +89,10 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
   return Answer(ctx, s);
 }
 
-void KServeService::Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
+void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
                           const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline) {
-  auto translated = kserve::TranslateRequest(req, model_);
+  auto translated = kserve::TranslateRequest(std::move(req), model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
   if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
   auto t = std::make_shared<const kserve::TranslatedRequest>(std::move(translated).value());
@@ -149,7 +149,8 @@ class KServeService::StreamReactor
     }
     // The message moves out of the read buffer and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
-    const inference::ModelInferRequest req = std::move(req_);
+    inference::ModelInferRequest req = std::move(req_);
+    std::string id = req.id();
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {  // never finishes: this request is unanswered
       ++unanswered_;
       flow_.reading = false;
@@ -161,8 +162,8 @@ class KServeService::StreamReactor
       account_.Reserve(*reserved);
     };
     svc_->Infer(
-        ctx_, req,
-        [this, reserved, id = req.id()](const absl::Status& s, inference::ModelInferResponse* r) {
+        ctx_, std::move(req),
+        [this, reserved, id = std::move(id)](const absl::Status& s, inference::ModelInferResponse* r) {
           auto answer = std::make_unique<inference::ModelStreamInferResponse>();
           if (s.ok() && r != nullptr) {
             answer->mutable_infer_response()->Swap(r);

@@ -90,7 +90,8 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   // exactly once (possibly before Infer returns), with the answer only when OK. `admitted`, when
   // given, sees the native request of a translated one just before it is submitted (a stream
   // reserves its answer's bytes there).
-  void Infer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest& req,
+  // `req` by value: a stream moves its request in (kserve::TranslateRequest).
+  void Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
              std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
              const std::function<void(const v1::LogitsRequest&)>& admitted = nullptr,
              bool may_run_inline = false);  // DraftHeadService::Submit's

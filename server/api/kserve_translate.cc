@@ -163,7 +163,7 @@ uint64_t OutputBytes(const std::string& name, const v1::LogitsRequest& r, const 
   return 0;
 }
 
-absl::Status TranslateInput(const inference::ModelInferRequest& req, const ModelDescription& model,
+absl::Status TranslateInput(inference::ModelInferRequest& req, const ModelDescription& model,
                             TranslatedRequest* t) {
   v1::LogitsRequest* r = &t->native;
   if (req.inputs_size() != 1)
@@ -204,10 +204,10 @@ absl::Status TranslateInput(const inference::ModelInferRequest& req, const Model
   if (req.raw_input_contents_size() != 1)
     return Bad(kInput, absl::StrCat("want its bytes in raw_input_contents[0], the one entry; got ",
                                     req.raw_input_contents_size(), " entries"));
-  const std::string& raw = req.raw_input_contents(0);
+  std::string& raw = *req.mutable_raw_input_contents(0);
   if (raw.size() != want)
     return Bad(kInput, absl::StrCat("raw_input_contents[0] holds ", raw.size(), " bytes; ", tensor_bytes));
-  r->set_hidden(raw);
+  r->set_hidden(std::move(raw));
   return absl::OkStatus();
 }
 
@@ -293,7 +293,7 @@ absl::Status CheckModel(const ModelDescription& model, const std::string& name,
   return absl::OkStatus();
 }
 
-absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRequest& req,
+absl::StatusOr<TranslatedRequest> TranslateRequest(inference::ModelInferRequest req,
                                                    const ModelDescription& model) {
   if (absl::Status s = CheckModel(model, req.model_name(), req.model_version()); !s.ok()) return s;
   TranslatedRequest t;

@@ -71,7 +71,9 @@ struct TranslatedRequest {
 // the native API checks (rows, top_k, temperature, finiteness, ...) are left to its validation.
 // Shared-memory parameters are checked for form and size here (the input's byte size must be the
 // tensor's, an output's at least the output's); the regions themselves where they are used.
-absl::StatusOr<TranslatedRequest> TranslateRequest(const inference::ModelInferRequest& req,
+// By value: a caller done with its request moves it in, and the input's bytes move on into the
+// native request uncopied.
+absl::StatusOr<TranslatedRequest> TranslateRequest(inference::ModelInferRequest req,
                                                    const ModelDescription& model);
 
 // Fills `out` from the native answer to `req`. The logits bytes are moved out of `native`, not
