@@ -62,7 +62,7 @@ struct SharedMemorySlice {
 struct TranslatedRequest {
   v1::LogitsRequest native;
   std::string id;                    // echoed
-  uint64_t timeout_us = 0;           // Triton's `timeout` parameter: the answer's deadline; 0: none
+  uint64_t timeout_us = 0;           // Triton's `timeout`: still queued after it, refused; 0: none
   std::vector<std::string> outputs;  // the requested outputs in order; empty: all the mode makes
   std::map<std::string, SharedMemorySlice> output_shm;  // token_ids / values / probs, by name
 };
