@@ -159,6 +159,16 @@ struct Chunk {
   int64_t pf_dist;
 };
 
+// Calls tile(std::integral_constant<int, left>) for 1 <= left <= N: a compile-time tile width
+// from the run-time count of rows left; nothing for 0.
+template <int N, class Tile>
+void TailTile(int left, Tile& tile) {
+  if constexpr (N >= 1) {
+    if (left == N) return tile(std::integral_constant<int, N>{});
+    TailTile<N - 1>(left, tile);
+  }
+}
+
 template <int MR, bool DECODED>
 void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* part, float* y,
               int64_t ldy) {
@@ -174,15 +184,7 @@ void BandRows(const Chunk& c, const void* w, int64_t ldw, int64_t nb, float* par
                                             c.valid, part + j * MR * 16, c.first, c.last, y + j,
                                             ldy, c.pf_dist);
   };
-  switch (nb - j) {
-    case 1: return tail(std::integral_constant<int, 1>{});
-    case 2: if constexpr (NR > 2) return tail(std::integral_constant<int, 2>{}); break;
-    case 3: if constexpr (NR > 3) return tail(std::integral_constant<int, 3>{}); break;
-    case 4: if constexpr (NR > 4) return tail(std::integral_constant<int, 4>{}); break;
-    case 5: if constexpr (NR > 5) return tail(std::integral_constant<int, 5>{}); break;
-    case 6: if constexpr (NR > 6) return tail(std::integral_constant<int, 6>{}); break;
-    case 7: if constexpr (NR > 7) return tail(std::integral_constant<int, 7>{}); break;
-  }
+  TailTile<NR - 1>(static_cast<int>(nb - j), tail);
 }
 
 template <bool DECODED>
