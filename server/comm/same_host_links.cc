@@ -52,10 +52,13 @@ int UnixSocket() {
 
 // Closes its descriptor when it goes (-1: none).
 struct OwnedFd {
-  int fd = -1;
+  explicit OwnedFd(int f = -1) : fd(f) {}
+  OwnedFd(const OwnedFd&) = delete;  // one owner: a copy would close twice
+  OwnedFd& operator=(const OwnedFd&) = delete;
   ~OwnedFd() {
     if (fd >= 0) ::close(fd);
   }
+  int fd;
 };
 
 std::string KeyOk(int rank) { return absl::StrCat("links/ok/", rank); }
