@@ -397,7 +397,48 @@ absl::Status DraftHeadClient::WaitUntilServing(absl::Duration wait, absl::Durati
                                                   "; last: ", last.ToString()));
 }
 
+absl::StatusOr<std::shared_ptr<LaneClient>> DraftHeadClient::Lane() {
+  if (options_.lane == LaneMode::kOff) return std::shared_ptr<LaneClient>();
+  absl::MutexLock l(&lane_mu_);
+  if (lane_ != nullptr || absl::Now() < lane_retry_at_) {
+    if (lane_ == nullptr && options_.lane == LaneMode::kRequired) return lane_status_;
+    return lane_;
+  }
+  absl::StatusOr<v1::ModelInfo> info = Info(absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<LaneClient>> opened =
+      info.ok() ? LaneClient::Open(stubs_[0].get(), *info, options_.lane_options) : info.status();
+  if (opened.ok()) {
+    lane_ = std::move(*opened);
+    return lane_;
+  }
+  lane_status_ = absl::Status(opened.status().code(), absl::StrCat("no same-host lane: ", opened.status().message()));
+  // A server that cannot give a lane now is asked again later, not on every call.
+  lane_retry_at_ = absl::Now() + absl::Seconds(5);
+  if (options_.lane == LaneMode::kRequired) return lane_status_;
+  return std::shared_ptr<LaneClient>();
+}
+
+void DraftHeadClient::DropLane(const std::shared_ptr<LaneClient>& lane, const absl::Status& why) {
+  absl::MutexLock l(&lane_mu_);
+  if (lane_ != lane) return;
+  lane_.reset();
+  lane_status_ = why;
+  lane_retry_at_ = absl::Now() + absl::Seconds(1);
+}
+
 absl::StatusOr<v1::LogitsResponse> DraftHeadClient::Compute(const v1::LogitsRequest& request, absl::Duration deadline) {
+  if (options_.lane != LaneMode::kOff && LaneClient::Carries(request)) {
+    absl::StatusOr<std::shared_ptr<LaneClient>> lane = Lane();
+    if (!lane.ok()) return lane.status();
+    if (*lane != nullptr) {
+      absl::StatusOr<v1::LogitsResponse> r = (*lane)->Compute(request, DeadlineFor(deadline));
+      if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable) return r;
+      // The lane is gone (the server closed it or exited): later calls reopen or use gRPC; this
+      // one is retried over gRPC when allowed (the head is a pure function: a repeat is harmless).
+      DropLane(*lane, r.status());
+      if (options_.lane == LaneMode::kRequired) return r;
+    }
+  }
   v1::LogitsResponse resp;
   DH_RETURN_IF_ERROR(CallUnary(deadline, [&](v1::DraftHead::Stub& stub, grpc::ClientContext* ctx) {
     resp.Clear();

@@ -30,6 +30,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/synchronization/mutex.h"
+#include "client/lane/lane_client.h"
 #include "drafthead/v1/drafthead.grpc.pb.h"
 
 namespace drafthead::client {
@@ -77,6 +79,13 @@ struct ClientOptions {
   // Off for one server: it would make a NOT_SERVING (still loading) server unreachable, even for
   // WaitUntilServing.
   bool balance_replicas = false;
+  // The same-host lane (docs/lane.md): kAuto uses one when the server is on this host and offers
+  // lanes (else gRPC; a lane that breaks sends later calls over gRPC), kRequired fails calls with
+  // the reason when no lane opens, kOff never tries. Synchronous calls (Compute, Logits, TopK,
+  // Argmax, Sample) whose hidden rows are inline use it; async calls and requests naming regions
+  // go over gRPC.
+  LaneMode lane = LaneMode::kAuto;
+  LaneClientOptions lane_options;
 };
 
 // A view of rows x hidden_size hidden states, row-major, little-endian; not owned. Or, with
@@ -236,6 +245,9 @@ class DraftHeadClient {
   absl::StatusOr<std::unique_ptr<LogitsStream>> OpenStream(absl::Duration deadline = absl::InfiniteDuration());
 
   const ClientOptions& options() const { return options_; }
+  // The open lane, opening it first when the options allow (nullptr: calls go over gRPC; with
+  // LaneMode::kRequired the reason is returned instead).
+  absl::StatusOr<std::shared_ptr<LaneClient>> Lane();
   size_t channel_count() const { return channels_.size(); }
   std::shared_ptr<grpc::Channel> channel(size_t i) const { return channels_[i % channels_.size()]; }
 
@@ -257,6 +269,11 @@ class DraftHeadClient {
   std::atomic<uint64_t> next_channel_{0};
   std::atomic<uint32_t> hidden_size_{0};
   std::atomic<uint64_t> jitter_state_;
+  absl::Mutex lane_mu_;
+  std::shared_ptr<LaneClient> lane_ ABSL_GUARDED_BY(lane_mu_);
+  absl::Status lane_status_ ABSL_GUARDED_BY(lane_mu_);  // why there is no lane
+  absl::Time lane_retry_at_ ABSL_GUARDED_BY(lane_mu_) = absl::InfinitePast();  // next open attempt
+  void DropLane(const std::shared_ptr<LaneClient>& lane, const absl::Status& why);
 };
 
 // Channel arguments and credentials shared by the library and the load tester.

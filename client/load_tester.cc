@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/kserve_wire.h"
 #include "client/response_scan.h"
+#include "common/status_macros.h"
 
 namespace drafthead::client {
 namespace {
@@ -280,6 +281,7 @@ class Run {
 
  private:
   void OpenLoop();
+  absl::Status LaneLoop();
   void WaitForQuiet();
   void Report(int64_t now);
   void StallGuard(int64_t now);
@@ -541,6 +543,12 @@ absl::StatusOr<LoadResult> Run::Execute() {
   if (o_.duration <= absl::ZeroDuration()) return absl::InvalidArgumentError("--duration must be > 0");
   if (o_.max_inflight < 1) return absl::InvalidArgumentError("--max-inflight must be >= 1");
   closed_loop_ = o_.rps == 0;
+  if (o_.lane) {
+    if (!closed_loop_ || o_.stream || kserve())
+      return absl::InvalidArgumentError("--lane=shm drives a closed loop of native unary calls (no --rps, --stream, --protocol=kserve)");
+    DH_RETURN_IF_ERROR(LaneLoop());
+    return Merge();
+  }
   for (int i = 0; i < o_.connections; ++i) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = MakeChannel(o_.target, o_.client, i);
     if (!ch.ok()) return ch.status();
@@ -611,6 +619,68 @@ absl::StatusOr<LoadResult> Run::Execute() {
   }
   WaitForQuiet();
   return Merge();
+}
+
+// The lane: one client, one lane of depth `concurrency`, a thread per in-flight call (a lane call
+// is synchronous: the caller's thread spins, then sleeps, for its answer).
+absl::Status Run::LaneLoop() {
+  ClientOptions co = o_.client;
+  co.lane = LaneMode::kRequired;
+  co.lane_options.depth = static_cast<uint32_t>(o_.concurrency);
+  co.lane_options.spin_ns = o_.lane_spin_ns;
+  co.retry.max_attempts = 1;
+  DH_ASSIGN_OR_RETURN(std::unique_ptr<DraftHeadClient> client, DraftHeadClient::Connect(o_.target, co));
+  DH_RETURN_IF_ERROR(client->Lane().status());
+  std::vector<v1::LogitsRequest> pool(pool_.size());
+  for (size_t i = 0; i < pool_.size(); ++i) {
+    std::vector<grpc::Slice> slices;
+    pool_[i].Dump(&slices).IgnoreError();
+    std::string bytes;
+    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    if (!pool[i].ParseFromString(bytes)) return absl::InvalidArgumentError("a request of the pool does not parse");
+  }
+  t0_ = NowNs();
+  last_report_ = t0_;
+  warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
+  if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < o_.concurrency; ++i) {
+    threads.emplace_back([&] {
+      for (;;) {
+        const int64_t start = NowNs();
+        if (!ShouldIssue(start)) return;
+        inflight_.fetch_add(1, std::memory_order_acq_rel);
+        const uint64_t seq = NextSeq();
+        absl::StatusOr<v1::LogitsResponse> r = client->Compute(pool[seq % pool.size()], o_.timeout);
+        const int64_t done = NowNs();
+        ScannedResponse sr;
+        if (r.ok()) {
+          const v1::Timing& t = r->timing();
+          sr.rows = r->rows();
+          sr.queue_us = t.queue_us();
+          sr.compute_us = t.compute_us();
+          sr.batch_rows = t.batch_rows();
+          const uint32_t stages[kTimingStages] = {t.validate_us(), t.broadcast_us(), t.h2d_us(),
+                                                  t.gemv_us(), t.epilogue_us(), t.gather_us(),
+                                                  t.d2h_us(), t.combine_us(), t.server_us()};
+          std::copy(stages, stages + kTimingStages, sr.stage_us);
+          Record(start, done, seq, 0, sr, nullptr);
+        } else {
+          const std::string msg(r.status().message());
+          Record(start, done, seq, static_cast<int>(r.status().code()), sr, &msg);
+        }
+        inflight_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const int64_t now = NowNs();
+    if (now >= end_ns_) stop_.store(true);
+    Report(now);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (std::thread& t : threads) t.join();
+  return absl::OkStatus();
 }
 
 LoadResult Run::Merge() {

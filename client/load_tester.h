@@ -51,6 +51,10 @@ struct LoadOptions {
   int connections = 1;       // independent channels (TCP connections), used round robin
   Protocol protocol = Protocol::kNative;
   bool stream = false;       // StreamLogits instead of ComputeLogits (KServe: ModelStreamInfer)
+  // A same-host lane (docs/lane.md) instead of gRPC: `concurrency` threads share one lane of that
+  // depth, each calling synchronously (closed loop, native protocol only).
+  bool lane = false;
+  int64_t lane_spin_ns = 200000;
   int streams = 0;           // stream mode: number of streams (0: one per connection)
   int concurrency = 1;       // closed loop: requests in flight
   double rps = 0;            // > 0: open loop at this rate

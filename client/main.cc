@@ -83,6 +83,8 @@ ABSL_FLAG(int64_t, max_inflight, 20000, "load, open loop: most requests in fligh
 ABSL_FLAG(std::string, csv, "", "load: one line per request to this file");
 ABSL_FLAG(std::string, html, "", "load: self-contained HTML report with plots");
 ABSL_FLAG(bool, quiet, false, "load: no text summary on stdout");
+ABSL_FLAG(std::string, lane, "off", "load: shm: a same-host lane (shared-memory rings, docs/lane.md; the server needs --lanes) instead of gRPC calls | off");
+ABSL_FLAG(int64_t, lane_spin_us, 200, "load --lane=shm: a waiting call spins this long before sleeping on the doorbell");
 ABSL_FLAG(std::string, shared_memory, "", "load: hidden rows (and full logits) through a registered region: system | cuda (default: on the wire)");
 ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent before the run");
 
@@ -368,6 +370,11 @@ int RunLoadCommand() {
   } else if (protocol != "native") {
     return Usage(absl::StrCat("--protocol=", protocol, ": want native or kserve"));
   }
+  const std::string lane = absl::GetFlag(FLAGS_lane);
+  if (lane != "shm" && lane != "off") return Usage(absl::StrCat("--lane=", lane, ": want shm or off"));
+  lo.lane = lane == "shm";
+  lo.lane_spin_ns = absl::GetFlag(FLAGS_lane_spin_us) * 1000;
+  lo.client.lane = LaneMode::kOff;  // the gRPC runs stay gRPC; --lane=shm asks for the lane itself
   lo.streams = absl::GetFlag(FLAGS_streams);
   lo.concurrency = absl::GetFlag(FLAGS_concurrency);
   lo.rps = absl::GetFlag(FLAGS_rps);
@@ -496,6 +503,7 @@ int RunLoadCommand() {
                    {"timeout_s", absl::ToDoubleSeconds(lo.timeout)},
                    {"connections", lo.connections},
                    {"protocol", protocol},
+                   {"lane", lane},
                    {"stream", lo.stream},
                    {"streams", lo.stream ? (lo.streams > 0 ? lo.streams : lo.connections) : 0},
                    {"rows", rows},
@@ -592,7 +600,7 @@ int main(int argc, char** argv) {
       "  logits  --target --hidden=F.safetensors --tensor=NAME [--rows=A:B] --mode=full|topk|argmax|sample\n"
       "          [--dtype=bf16|fp32] [--k=K] [--probs] [--temperature=T] [--seed=S] [--head=fp8|bf16] --out=F.safetensors\n"
       "  load    --target [-c N | --rps R [--arrival=constant|poisson]] [-z 10s | -n N] [--warmup=2s]\n"
-      "          [--connections=N] [--stream] [--protocol=kserve] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
+      "          [--connections=N] [--stream] [--protocol=kserve] [--lane=shm] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
       "  TLS: --tls-ca --tls-cert --tls-key --tls-server-name");
   std::vector<std::string> storage;
   std::vector<char*> normalized = drafthead::NormalizeFlagNames(argc, argv, storage);

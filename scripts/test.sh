@@ -22,7 +22,7 @@ if [ "${DRAFTHEAD_SKIP_FUZZ:-0}" != 1 ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDRAFTHEAD_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DDRAFTHEAD_FUZZ=ON \
     -DDRAFTHEAD_TESTS=ON -DDRAFTHEAD_BENCH=OFF >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors
+  cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_lane
   ctest --test-dir build-fuzz --output-on-failure -L fuzz
 fi
 if [ "${DRAFTHEAD_SKIP_SANITIZE:-0}" != 1 ]; then

@@ -21,3 +21,13 @@ add_test(NAME fuzz_safetensors
     -dict=${CMAKE_CURRENT_SOURCE_DIR}/fuzz_safetensors.dict
     ${_dh_fuzz_corpus} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_corpus/safetensors)
 set_tests_properties(fuzz_safetensors PROPERTIES TIMEOUT 120 LABELS fuzz)
+
+# The lane's untrusted inputs (server/lane/lane_descriptor.cc), compiled in for coverage.
+add_executable(fuzz_lane fuzz_lane.cc ${PROJECT_SOURCE_DIR}/server/lane/lane_descriptor.cc)
+target_compile_options(fuzz_lane PRIVATE ${_dh_fuzz_flags})
+target_link_options(fuzz_lane PRIVATE ${_dh_fuzz_flags})
+target_link_libraries(fuzz_lane PRIVATE drafthead_options drafthead_proto absl::status absl::statusor absl::strings)
+set(_dh_fuzz_lane_corpus ${CMAKE_CURRENT_BINARY_DIR}/fuzz_lane_corpus)
+file(MAKE_DIRECTORY ${_dh_fuzz_lane_corpus})
+add_test(NAME fuzz_lane COMMAND fuzz_lane -max_total_time=30 -seed=1 -max_len=2048 ${_dh_fuzz_lane_corpus})
+set_tests_properties(fuzz_lane PROPERTIES TIMEOUT 120 LABELS fuzz)

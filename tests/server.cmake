@@ -19,3 +19,5 @@ drafthead_add_test(faults_test SOURCES faults_test.cc LIBS drafthead_client draf
 add_dependencies(faults_test drafthead-server)
 drafthead_add_test(replicas_test SOURCES replicas_test.cc LIBS drafthead_client drafthead_test_reference PkgConfig::HTTPLIB TIMEOUT 300)
 add_dependencies(replicas_test drafthead-server)
+drafthead_add_test(lane_e2e_test SOURCES lane_e2e_test.cc LIBS drafthead_client TIMEOUT 600)
+add_dependencies(lane_e2e_test drafthead-server)

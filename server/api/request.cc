@@ -198,4 +198,18 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
   return p;
 }
 
+absl::StatusOr<regions::RegionSpec> RegionSpecFromProto(const v1::RegisterRegionRequest& req) {
+  if (!v1::RegionKind_IsValid(req.kind()))
+    return Bad("kind", absl::StrCat("unknown value ", static_cast<int>(req.kind())));
+  regions::RegionSpec spec;
+  spec.name = req.name();
+  spec.kind = req.kind() == v1::CUDA_IPC ? regions::RegionKind::kCudaIpc : regions::RegionKind::kSystem;
+  spec.shm_key = req.shm_key();
+  spec.cuda_ipc_handle = req.cuda_ipc_handle();
+  spec.cuda_device = req.cuda_device();
+  spec.offset = req.offset();
+  spec.byte_size = req.byte_size();
+  return spec;
+}
+
 }  // namespace drafthead

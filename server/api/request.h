@@ -45,4 +45,8 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const v1::LogitsRequest& req,
                                                const regions::RegionRegistry* regions,
                                                LogitsDestination* logits_dest);
 
+// A RegisterRegionRequest as the registry takes it (INVALID_ARGUMENT for an unknown kind). The
+// native RegisterRegion RPC and a lane's regions (OpenLaneRequest.regions) both go through it.
+absl::StatusOr<regions::RegionSpec> RegionSpecFromProto(const v1::RegisterRegionRequest& req);
+
 }  // namespace drafthead

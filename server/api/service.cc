@@ -51,6 +51,17 @@ DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::M
 void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
                               std::function<void(const absl::Status&, v1::LogitsResponse*)> done,
                               bool may_run_inline, absl::Duration timeout) {
+  CallControl call;
+  call.deadline = SteadyDeadline(ctx);
+  if (timeout < absl::Hours(24 * 365))
+    call.deadline = std::min(call.deadline, Clock::now() + absl::ToChronoNanoseconds(timeout));
+  call.cancelled = [ctx] { return ctx->IsCancelled(); };
+  call.may_run_inline = may_run_inline;
+  Submit(req, std::move(call), std::move(done));
+}
+
+void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
+                              std::function<void(const absl::Status&, v1::LogitsResponse*)> done) {
   const auto arrived = Clock::now();
   const std::string mode = RequestModeName(req);
   const uint32_t rows = req.rows();
@@ -80,11 +91,9 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
   BatchItem item;
   item.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
   item.enqueued = Clock::now();
-  item.deadline = SteadyDeadline(ctx);
-  if (timeout < absl::Hours(24 * 365))
-    item.deadline = std::min(item.deadline, arrived + absl::ToChronoNanoseconds(timeout));
-  item.cancelled = [ctx] { return ctx->IsCancelled(); };
-  item.may_run_inline = may_run_inline;
+  item.deadline = call.deadline;
+  item.cancelled = std::move(call.cancelled);
+  item.may_run_inline = call.may_run_inline;
   const uint32_t validate_us = MicrosSince(arrived);
   item.done = [req = item.req, logits_dest = std::move(logits_dest), arrived, validate_us,
                record = std::move(record)](const absl::Status& s, const BatchRowsResult* result) {
@@ -130,18 +139,7 @@ namespace {
 absl::Status RegisterRegionStatus(regions::RegionRegistry* registry,
                                   const v1::RegisterRegionRequest& req) {
   if (registry == nullptr) return regions::SharedMemoryOff();
-  if (!v1::RegionKind_IsValid(req.kind()))
-    return absl::InvalidArgumentError(
-        absl::StrCat("kind: unknown value ", static_cast<int>(req.kind())));
-  regions::RegionSpec spec;
-  spec.name = req.name();
-  spec.kind = req.kind() == v1::CUDA_IPC ? regions::RegionKind::kCudaIpc
-                                         : regions::RegionKind::kSystem;
-  spec.shm_key = req.shm_key();
-  spec.cuda_ipc_handle = req.cuda_ipc_handle();
-  spec.cuda_device = req.cuda_device();
-  spec.offset = req.offset();
-  spec.byte_size = req.byte_size();
+  DH_ASSIGN_OR_RETURN(regions::RegionSpec spec, RegionSpecFromProto(req));
   return registry->Register(spec);
 }
 
@@ -169,6 +167,40 @@ grpc::ServerUnaryReactor* DraftHeadService::UnregisterRegion(grpc::CallbackServe
                                                              v1::UnregisterRegionResponse*) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(UnregisterRegionStatus(regions_, *req)));
+  return reactor;
+}
+
+namespace {
+absl::Status LanesOff() {
+  return absl::FailedPreconditionError("same-host lanes are off: start the server with --lanes=N");
+}
+}  // namespace
+
+// Opening maps the caller's object, registers its regions and starts the lane's thread: bounded.
+grpc::ServerUnaryReactor* DraftHeadService::OpenLane(grpc::CallbackServerContext* ctx,
+                                                     const v1::OpenLaneRequest* req,
+                                                     v1::OpenLaneResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s;
+  if (lanes_ == nullptr || !lanes_->enabled()) {
+    s = LanesOff();
+  } else if (!ready_) {
+    s = absl::UnavailableError("the rank group is not ready (weights still loading)");
+  } else {
+    auto opened = lanes_->Open(*req);
+    if (opened.ok()) *resp = *std::move(opened);
+    s = opened.status();
+  }
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DraftHeadService::CloseLane(grpc::CallbackServerContext* ctx,
+                                                      const v1::CloseLaneRequest* req,
+                                                      v1::CloseLaneResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Status s = lanes_ == nullptr || !lanes_->enabled() ? LanesOff() : lanes_->Close(req->lane_id());
+  reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
 

@@ -16,6 +16,7 @@
 #include "server/api/request.h"
 #include "server/regions/region_registry.h"
 #include "server/api/stream_budget.h"
+#include "server/lane/lane_manager.h"
 
 namespace drafthead {
 
@@ -53,6 +54,10 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* ctx,
                                              const v1::UnregisterRegionRequest* req,
                                              v1::UnregisterRegionResponse* resp) override;
+  grpc::ServerUnaryReactor* OpenLane(grpc::CallbackServerContext* ctx, const v1::OpenLaneRequest* req,
+                                     v1::OpenLaneResponse* resp) override;
+  grpc::ServerUnaryReactor* CloseLane(grpc::CallbackServerContext* ctx, const v1::CloseLaneRequest* req,
+                                      v1::CloseLaneResponse* resp) override;
 
   // Validates and queues one request; `done` is called exactly once (possibly before Submit
   // returns) with the result. `may_run_inline`: the calling thread has nothing else to do, so when
@@ -63,6 +68,14 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
               std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false,
               absl::Duration timeout = absl::InfiniteDuration());
+  // The same for a request that did not come in as a gRPC call (a lane's): `call` says its
+  // deadline, cancellation and whether the submitting thread may run it.
+  void Submit(const v1::LogitsRequest& req, CallControl call,
+              std::function<void(const absl::Status&, v1::LogitsResponse*)> done);
+
+  // Same-host lanes (--lanes): the OpenLane / CloseLane RPCs manage `lanes`, which outlives the
+  // service. Without it both answer FAILED_PRECONDITION naming --lanes.
+  void SetLanes(LaneManager* lanes) { lanes_ = lanes; }
 
  private:
   class StreamReactor;
@@ -72,6 +85,7 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   v1::ModelInfo info_;
   Metrics* metrics_;
   regions::RegionRegistry* regions_ = nullptr;
+  LaneManager* lanes_ = nullptr;
   std::atomic<bool> ready_{false};
   std::unique_ptr<StreamBudget> stream_budget_ = std::make_unique<StreamBudget>(StreamBudgetOptions{});
 };

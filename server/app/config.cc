@@ -56,6 +56,8 @@ ABSL_FLAG(std::string, tls_cert, "", "Server certificate (PEM) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "Server private key (PEM) for TLS");
 ABSL_FLAG(std::string, tls_client_ca, "", "CA (PEM) for client certificates: mutual TLS");
 ABSL_FLAG(std::string, restart, "no", "Launcher mode: on-failure reruns the group when it fails");
+ABSL_FLAG(uint32_t, lanes, 0, "Same-host lanes (shared-memory rings, docs/lane.md) open at once; 0: off. Needs --shared-memory");
+ABSL_FLAG(uint32_t, lane_spin_us, 50, "A lane's server thread polls its ring this long after its last request before sleeping on the doorbell (0..10000)");
 ABSL_FLAG(std::string, shared_memory, "", "Shared-memory regions co-located callers may register: system, cuda or system,cuda (empty: off)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn or error");
 
@@ -205,6 +207,13 @@ absl::Status ResolveFront(ServerConfig& c) {
   auto kinds = regions::ParseSharedMemoryKinds(absl::GetFlag(FLAGS_shared_memory));
   if (!kinds.ok()) return kinds.status();
   c.shared_memory = *kinds;
+  c.lanes = absl::GetFlag(FLAGS_lanes);
+  if (c.lanes > 256) return Bad("--lanes must be in 0..256");
+  if (c.lanes > 0 && !c.shared_memory.system && !c.shared_memory.cuda)
+    return Bad("--lanes needs --shared-memory=system (and/or cuda): a lane's rows and answers live in the caller's regions");
+  const uint32_t spin = absl::GetFlag(FLAGS_lane_spin_us);
+  if (spin > 10000) return Bad("--lane-spin-us must be in 0..10000");
+  c.lane_spin = std::chrono::microseconds(spin);
 #if !defined(DRAFTHEAD_HAVE_CUDA)
   if (c.shared_memory.cuda)
     return absl::UnimplementedError("--shared-memory=cuda: this build has no CUDA");

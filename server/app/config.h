@@ -58,6 +58,8 @@ struct ServerConfig {
   BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
   uint32_t max_top_k = 256;
   regions::RegistryOptions shared_memory;  // --shared-memory (both kinds off by default)
+  uint32_t lanes = 0;                      // --lanes: same-host lanes open at once (0: off)
+  std::chrono::microseconds lane_spin{50};  // --lane-spin-us
   absl::Duration drain_grace = absl::ZeroDuration();
   absl::Duration drain_timeout = absl::Seconds(30);
   StreamBudgetOptions stream_budget;  // StreamLogits backpressure

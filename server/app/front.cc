@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -39,6 +40,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   return grpc::SslServerCredentials(opts);
 }
 
+// The boot id names this host (and this boot) for a client asking "same host?".
+std::string HostId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
 v1::ModelInfo MakeModelInfo(const ServerConfig& c, const ModelLayout& m) {
   const bool keep_bf16 = c.backend_options.keep_bf16;
   v1::ModelInfo info;
@@ -57,6 +66,8 @@ v1::ModelInfo MakeModelInfo(const ServerConfig& c, const ModelLayout& m) {
   info.set_version(kVersion);
   if (c.shared_memory.system) info.add_shared_memory(v1::SYSTEM);
   if (c.shared_memory.cuda) info.add_shared_memory(v1::CUDA_IPC);
+  info.set_lanes(c.lanes);
+  info.set_host_id(HostId());
   return info;
 }
 
@@ -89,6 +100,20 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get());
   f->service->SetRegions(f->regions.get());
   f->service->SetStreamBudget(c.stream_budget);
+  LaneOptions lane_options;
+  lane_options.max_lanes = c.lanes;
+  lane_options.spin = c.lane_spin;
+  lane_options.max_rows = c.batcher.max_rows;
+  lane_options.max_top_k = c.max_top_k;
+  DraftHeadService* service = f->service.get();
+  f->lanes = std::make_unique<LaneManager>(
+      lane_options, f->regions.get(),
+      [service](const v1::LogitsRequest& req, CallControl call,
+                std::function<void(const absl::Status&, v1::LogitsResponse*)> done) {
+        service->Submit(req, std::move(call), std::move(done));
+      });
+  f->service->SetLanes(f->lanes.get());
+  f->metrics->SetExtraRenderer([lanes = f->lanes.get()](std::string* out) { lanes->RenderMetrics(out); });
   f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name),
                                               f->regions.get());
 

@@ -14,6 +14,7 @@
 #include "server/api/kserve_service.h"
 #include "server/api/service.h"
 #include "server/app/config.h"
+#include "server/lane/lane_manager.h"
 #include "server/group/shard_geometry.h"
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
@@ -42,10 +43,14 @@ struct Front {
   std::unique_ptr<regions::RegionRegistry> regions;  // outlives the service and every request
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<DraftHeadService> service;
+  std::unique_ptr<LaneManager> lanes;  // --lanes; its threads submit to `service`, so it goes first
   HealthService health;
   std::unique_ptr<KServeService> kserve;  // inference.GRPCInferenceService on the same port, onto `service`
   std::unique_ptr<grpc::Server> server;
 
+  ~Front() {
+    if (metrics) metrics->SetExtraRenderer(nullptr);  // the lanes go before the metrics endpoint
+  }
   // Health, metrics and the service's readiness together.
   void SetServing(bool serving);
 };

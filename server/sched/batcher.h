@@ -23,6 +23,13 @@ namespace drafthead {
 
 using Clock = std::chrono::steady_clock;
 
+// How one request's caller wants it handled, whatever way it came in (gRPC, KServe, a lane).
+struct CallControl {
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // may be empty
+  bool may_run_inline = false;      // BatchItem::may_run_inline
+};
+
 struct BatchItem {
   std::shared_ptr<const PreparedRequest> req;
   Clock::time_point enqueued{};

@@ -114,6 +114,11 @@ void Metrics::SetServing(bool serving) {
   serving_ = serving;
 }
 
+void Metrics::SetExtraRenderer(std::function<void(std::string*)> render) {
+  absl::MutexLock l(&mu_);
+  extra_ = std::move(render);
+}
+
 std::string Metrics::Render() const {
   static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -157,6 +162,7 @@ std::string Metrics::Render() const {
     absl::StrAppend(&out, "drafthead_weight_bytes{rank=\"", r, "\"} ", weight_bytes_[r], "\n");
   Header(&out, "drafthead_serving", "gauge", "1 while the service reports SERVING.");
   absl::StrAppend(&out, "drafthead_serving ", serving_ ? 1 : 0, "\n");
+  if (extra_) extra_(&out);
   return out;
 }
 

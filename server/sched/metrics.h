@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,8 @@ class Metrics {
   void SetRankHealth(int rank, bool up);
   void SetWeightBytes(int rank, uint64_t bytes);
   void SetServing(bool serving);
+  // Families kept by other layers (the lanes'), appended to Render's text; nullptr: none.
+  void SetExtraRenderer(std::function<void(std::string*)> render);
 
   std::string Render() const;
 
@@ -68,6 +71,7 @@ class Metrics {
   std::vector<int> rank_up_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> weight_bytes_ ABSL_GUARDED_BY(mu_);
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(std::string*)> extra_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves GET /metrics on host:port on its own thread until destroyed. Never waits forever on a

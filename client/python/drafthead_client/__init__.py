@@ -37,6 +37,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
@@ -128,14 +129,21 @@ class RemoteDraftHead:
                  cert: Optional[str] = None, key: Optional[str] = None, server_name: Optional[str] = None,
                  timeout: float = 30.0, attempts: int = 3, initial_backoff: float = 0.05,
                  max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 balance_replicas: bool = False):
+                 balance_replicas: bool = False, lane: str = "auto", lane_depth: int = 8):
         """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS).
 
         balance_replicas: the target names several replicas (``dns:///drafthead-headless.NS.svc.
         cluster.local:50051``, ``ipv4:10.0.0.1:50051,10.0.0.2:50051``): calls go round robin over
         the addresses whose grpc.health.v1 Watch says SERVING, so a draining or failed replica
         leaves the rotation at once. Leave it off for one server (a NOT_SERVING server, e.g. still
-        loading, would be unreachable, even for wait_until_serving)."""
+        loading, would be unreachable, even for wait_until_serving).
+
+        lane: "auto" (default) sends calls through a same-host lane (shared-memory rings,
+        docs/lane.md) when the server is on this host and offers one, else over gRPC; a lane that
+        breaks sends later calls over gRPC. "off": gRPC only. "required": calls raise
+        DraftHeadError with the reason when no lane can be opened."""
+        if lane not in ("auto", "off", "required"):
+            raise ValueError(f"lane must be 'auto', 'off' or 'required', not {lane!r}")
         if bool(cert) != bool(key):
             raise ValueError("cert and key go together (mTLS needs both)")
         opts = [("grpc.max_receive_message_length", max_message_bytes),
@@ -164,9 +172,19 @@ class RemoteDraftHead:
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
         self._info = None
+        self.lane_mode = lane
+        self._lane_depth = lane_depth
+        self._lane = None
+        self._lane_error: Optional[DraftHeadError] = None
+        self._lane_retry_at = 0.0
+        self._lane_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
         self._channel.close()
 
     def __enter__(self):
@@ -271,8 +289,87 @@ class RemoteDraftHead:
             yield pb.LogitsRequest(request_id=r0, rows=n, hidden=enc.data[r0 * row_bytes:(r0 + n) * row_bytes],
                                    hidden_dtype=enc.dtype, mode=mode, **fields)
 
+    def lane(self, cuda_device: Any = None):
+        """The open same-host lane (opening it when the lane mode allows), or None: calls use gRPC.
+        With lane="required", raises DraftHeadError with the reason instead of None. cuda_device: a
+        lane opened now also gets arenas on that GPU (the first call with a CUDA tensor opens it so)."""
+        if self.lane_mode == "off":
+            return None
+        with self._lane_lock:
+            if self._lane is not None or time.monotonic() < self._lane_retry_at:
+                if self._lane is None and self.lane_mode == "required":
+                    raise self._lane_error
+                return self._lane
+            from .lane import Lane, LaneUnavailable
+            try:
+                info = self._call(self._stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
+                self._lane = Lane(pb, self._stub, info, self._call, DraftHeadError, depth=self._lane_depth,
+                                  cuda_device=cuda_device)
+                return self._lane
+            except (LaneUnavailable, DraftHeadError) as e:
+                self._lane_error = DraftHeadError(e.code, f"no same-host lane: {e}")
+                self._lane_retry_at = time.monotonic() + 5.0  # ask again later, not on every call
+            if self.lane_mode == "required":
+                raise self._lane_error
+            return None
+
     def _compute(self, req, timeout):
-        resp = self._call(self._stub.ComputeLogits, req, timeout)
+        if self.lane_mode != "off" and not req.HasField("hidden_region") and not req.HasField("logits_region"):
+            lane = self.lane()
+            if lane is not None:
+                try:
+                    return self._checked(req, lane.compute(req, self.timeout if timeout is None else timeout))
+                except DraftHeadError as e:
+                    if e.code != "UNAVAILABLE" or self.lane_mode == "required":
+                        raise
+                    # The lane is gone (the server closed it or exited): gRPC now, a new lane later.
+                    with self._lane_lock:
+                        if self._lane is lane:
+                            self._lane, self._lane_retry_at = None, time.monotonic() + 1.0
+                            self._lane_error = e
+                    lane.close()
+        return self._checked(req, self._call(self._stub.ComputeLogits, req, timeout))
+
+    def _cuda_lane(self, hidden):
+        """The lane that carries torch CUDA tensors on their GPU, when `hidden` is one and there is one."""
+        if self.lane_mode == "off" or torch is None or not isinstance(hidden, torch.Tensor) or not hidden.is_cuda:
+            return None
+        lane = self.lane(cuda_device=hidden.device)
+        return lane if lane is not None and lane.cuda else None
+
+    def _lane_tensor(self, lane, hidden, mode: int, wait: bool, timeout, **fields):
+        """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
+        the logits [..., V], or [ids, values, probs] ([..., k]), all on the caller's stream."""
+        K = self.info()["hidden_size"]
+        if hidden.shape[-1] != K:
+            raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
+        lead = tuple(hidden.shape[:-1])
+        x = hidden.detach().reshape(-1, K)
+        if x.dtype not in (torch.bfloat16, torch.float32):
+            x = x.to(torch.float32)
+        x = x.contiguous()
+        if x.shape[0] == 0:
+            raise ValueError("hidden: no rows")
+        chunk = max(1, self.info()["max_rows"])
+        parts = [lane.call_cuda(mode=mode, x=x[r0:r0 + chunk], request_id=r0, wait=wait, timeout=timeout, **fields)
+                 for r0 in range(0, x.shape[0], chunk)]
+        if mode == pb.FULL_LOGITS:
+            out = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return out.reshape(lead + (out.shape[-1],))
+        k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+        shape = lead + ((k,) if mode == pb.TOP_K else ())
+        cat = [None if parts[0][i] is None else (parts[0][i] if len(parts) == 1 else torch.cat([p[i] for p in parts]))
+               for i in range(3)]
+        return [None if t is None else t.reshape(shape) for t in cat]
+
+    def synchronize(self, timeout: Optional[float] = None) -> None:
+        """Waits for every call made with wait=False (torch CUDA tensors over a lane) to be answered,
+        raising the first failure among them. Without such calls, returns at once."""
+        lane = self._lane
+        if lane is not None:
+            lane.synchronize(timeout)
+
+    def _checked(self, req, resp):
         if resp.HasField("error") and resp.error.code != 0:
             raise DraftHeadError(_code_name(resp.error.code), resp.error.message)
         if resp.rows != req.rows:
@@ -281,10 +378,15 @@ class RemoteDraftHead:
 
     # -- public API --------------------------------------------------------------------------------
     def logits(self, hidden, *, dtype: str = "bf16", head: str = "fp8", hidden_dtype: str = "bf16",
-               timeout: Optional[float] = None):
-        """Full logits [..., vocab_size] (see the module docstring for the types)."""
-        enc = self._encode(hidden, hidden_dtype)
+               timeout: Optional[float] = None, wait: bool = True):
+        """Full logits [..., vocab_size] (see the module docstring for the types). wait=False: a torch
+        CUDA tensor over a lane returns at once, ordered on the current stream (see synchronize)."""
         out_dtype = _DTYPES[dtype]
+        lane = self._cuda_lane(hidden)
+        if lane is not None:
+            return self._lane_tensor(lane, hidden, pb.FULL_LOGITS, wait, timeout, logits_dtype=out_dtype,
+                                     head=_HEADS[head])
+        enc = self._encode(hidden, hidden_dtype)
         parts, vocab = [], None
         for req in self._requests(enc, pb.FULL_LOGITS, logits_dtype=out_dtype, head=_HEADS[head]):
             resp = self._compute(req, timeout)
@@ -311,7 +413,10 @@ class RemoteDraftHead:
             return t.to(enc.device)
         return arr
 
-    def _tokens(self, hidden, mode, k, hidden_dtype, timeout, **fields):
+    def _tokens(self, hidden, mode, k, hidden_dtype, timeout, wait=True, **fields):
+        lane = self._cuda_lane(hidden)
+        if lane is not None:
+            return self._lane_tensor(lane, hidden, mode, wait, timeout, **fields)
         enc = self._encode(hidden, hidden_dtype)
         ids, values, probs = [], [], []
         want_probs = bool(fields.get("return_probs"))
@@ -333,21 +438,21 @@ class RemoteDraftHead:
         return out
 
     def topk(self, hidden, k: int, *, probs: bool = False, temperature: float = 1.0, head: str = "fp8",
-             hidden_dtype: str = "bf16", timeout: Optional[float] = None) -> TopK:
+             hidden_dtype: str = "bf16", timeout: Optional[float] = None, wait: bool = True) -> TopK:
         """The k largest logits per row, best first (ties to the smaller id); probs over the whole vocabulary."""
-        i, v, p = self._tokens(hidden, pb.TOP_K, int(k), hidden_dtype, timeout, top_k=int(k), return_probs=probs,
-                               temperature=temperature, head=_HEADS[head])
+        i, v, p = self._tokens(hidden, pb.TOP_K, int(k), hidden_dtype, timeout, wait, top_k=int(k),
+                               return_probs=probs, temperature=temperature, head=_HEADS[head])
         return TopK(i, v, p)
 
     def argmax(self, hidden, *, head: str = "fp8", hidden_dtype: str = "bf16",
-               timeout: Optional[float] = None) -> Tokens:
-        i, v, _ = self._tokens(hidden, pb.ARGMAX, 1, hidden_dtype, timeout, head=_HEADS[head])
+               timeout: Optional[float] = None, wait: bool = True) -> Tokens:
+        i, v, _ = self._tokens(hidden, pb.ARGMAX, 1, hidden_dtype, timeout, wait, head=_HEADS[head])
         return Tokens(i, v)
 
     def sample(self, hidden, *, temperature: float, seed: int, head: str = "fp8", hidden_dtype: str = "bf16",
-               timeout: Optional[float] = None) -> Tokens:
+               timeout: Optional[float] = None, wait: bool = True) -> Tokens:
         """Gumbel-max sample per row; the draw depends only on (seed, row within the call, token id)."""
-        i, v, _ = self._tokens(hidden, pb.SAMPLE, 1, hidden_dtype, timeout, temperature=temperature,
+        i, v, _ = self._tokens(hidden, pb.SAMPLE, 1, hidden_dtype, timeout, wait, temperature=temperature,
                                seed=int(seed), head=_HEADS[head])
         return Tokens(i, v)
 

@@ -146,6 +146,22 @@ def _cuda_ipc_handle(exported: bytes) -> bytes:
     raise ValueError(f"from_tensor: torch exported a {len(exported)}-byte handle of an unknown format")
 
 
+def tensor_region_request(name: str, tensor):
+    """The RegisterRegionRequest (CUDA_IPC) of a contiguous torch CUDA tensor, through its storage's
+    own IPC handle (also how a same-host lane registers its CUDA arenas)."""
+    if not tensor.is_cuda or not tensor.is_contiguous():
+        raise ValueError("from_tensor: want a contiguous CUDA tensor")
+    storage = tensor.untyped_storage()
+    # (device, handle, storage bytes, storage offset in the allocation, ...): torch's own export.
+    shared = storage._share_cuda_()
+    handle, storage_offset = _cuda_ipc_handle(shared[1]), shared[3]
+    import torch  # present: the tensor is one
+    device = _pci_bus_id(torch.cuda.get_device_properties(tensor.device))
+    offset = storage_offset + tensor.storage_offset() * tensor.element_size()
+    return pb.RegisterRegionRequest(name=name, kind=pb.CUDA_IPC, cuda_ipc_handle=bytes(handle), cuda_device=device,
+                                    offset=int(offset), byte_size=int(tensor.numel() * tensor.element_size()))
+
+
 class CudaRegion(_Region):
     """CUDA memory of this process registered by its IPC handle as a CUDA_IPC region; the server
     maps it on its GPU. Holds a reference to the tensor / array so the memory outlives the
@@ -161,17 +177,9 @@ class CudaRegion(_Region):
     @classmethod
     def from_tensor(cls, head, name: str, tensor) -> "CudaRegion":
         """A contiguous torch CUDA tensor, registered through its storage's own IPC handle."""
-        if not tensor.is_cuda or not tensor.is_contiguous():
-            raise ValueError("from_tensor: want a contiguous CUDA tensor")
-        storage = tensor.untyped_storage()
-        # (device, handle, storage bytes, storage offset in the allocation, ...): torch's own export.
-        shared = storage._share_cuda_()
-        handle, storage_offset = _cuda_ipc_handle(shared[1]), shared[3]
-        import torch  # present: the tensor is one
-        device = _pci_bus_id(torch.cuda.get_device_properties(tensor.device))
-        offset = storage_offset + tensor.storage_offset() * tensor.element_size()
-        return cls(head, name, handle=handle, device=device, offset=offset,
-                   nbytes=tensor.numel() * tensor.element_size(), base_ptr=tensor.data_ptr(), owner=tensor)
+        r = tensor_region_request(name, tensor)
+        return cls(head, name, handle=r.cuda_ipc_handle, device=r.cuda_device, offset=r.offset,
+                   nbytes=r.byte_size, base_ptr=tensor.data_ptr(), owner=tensor)
 
     @classmethod
     def from_cupy(cls, head, name: str, array) -> "CudaRegion":

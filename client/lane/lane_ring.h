@@ -1,0 +1,129 @@
+// The caller's side of a same-host lane (docs/lane.md, common/lane/lane_layout.h): creates the
+// lane object and, beside it, an arena (a second POSIX object the caller registers as a region at
+// OpenLane) with one hidden-rows area and one output area per slot; submits descriptors and waits
+// for their completions, spinning up to a budget and then sleeping on the doorbell futex.
+//
+// Contract
+// - Ownership: the ring owns both objects (created 0600 under unique names, unlinked and unmapped
+//   by the destructor). Opening and closing the lane over gRPC is the owner's (the C++ client
+//   library, or Python through the C ABI in lane_c_api.h): this class has no gRPC in it.
+// - Threads: Submit / Wait / Release are thread-safe; each submission is waited for by one thread.
+//   At most `depth` submissions are outstanding; Submit waits (bounded by its deadline) for a slot.
+// - Failure: codes are gRPC status numbers with a message: DEADLINE_EXCEEDED when the deadline
+//   passes (the slot is abandoned and reclaimed once the server answers it), UNAVAILABLE once the
+//   server closed the lane or its process exited (watched through a pidfd), never a hang.
+// - No dependency beyond the C++ standard library and Linux, so it builds into the small shared
+//   library the Python client loads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/lane/lane_layout.h"
+
+namespace drafthead::lane {
+
+struct LaneRingConfig {
+  uint32_t depth = 8;               // slots (rounded up to a power of two)
+  uint32_t inline_bytes = 1 << 16;  // inline token answers per slot (rounded up to 64)
+  uint64_t hidden_slot_bytes = 0;   // arena: hidden rows per slot (0: no arena)
+  uint64_t output_slot_bytes = 0;   // arena: outputs per slot
+  int64_t spin_ns = 200000;         // a waiting caller spins this long before sleeping
+};
+
+struct LaneError {
+  int code = 0;  // gRPC status code
+  std::string message;
+  bool ok() const { return code == 0; }
+};
+
+class LaneRing {
+ public:
+  static std::unique_ptr<LaneRing> Create(const LaneRingConfig& config, LaneError* error);
+  ~LaneRing();
+  LaneRing(const LaneRing&) = delete;
+  LaneRing& operator=(const LaneRing&) = delete;
+
+  // What OpenLane needs.
+  const std::string& key() const { return key_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t nonce() const { return nonce_; }
+  const std::string& arena_key() const { return arena_key_; }  // empty: no arena
+  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint32_t depth() const { return depth_; }
+  uint32_t inline_bytes() const { return inline_bytes_; }
+  const LaneRingConfig& config() const { return config_; }
+
+  // Removes both objects' names (once the server has mapped them, after OpenLane): the memory
+  // lives on in the two mappings and goes with the last process, so a killed caller leaves no
+  // object behind in /dev/shm.
+  void Unlink();
+  // After OpenLane answered: watch the server process (its death is UNAVAILABLE to waiters).
+  LaneError Attach(int server_pid);
+
+  // The arena's areas of a slot (host memory of this process).
+  uint8_t* hidden_area(uint32_t slot) const;
+  uint8_t* output_area(uint32_t slot) const;
+  uint64_t hidden_area_offset(uint32_t slot) const { return slot * config_.hidden_slot_bytes; }
+  uint64_t output_area_offset(uint32_t slot) const {
+    return uint64_t{depth_} * config_.hidden_slot_bytes + slot * config_.output_slot_bytes;
+  }
+
+  // Reserves the next slot (waiting up to deadline_ns, CLOCK_MONOTONIC, for one): *seq is the
+  // submission number, slot = *seq % depth. Fill the slot's arena areas, then Publish.
+  LaneError Reserve(int64_t deadline_ns, uint64_t* seq);
+  // Publishes descriptor `d` (d.seq is set here) for a reserved seq and rings the doorbell.
+  void Publish(uint64_t seq, const LaneRequest& d);
+  // Waits for seq's completion. On OK, *out points at it until Release(seq).
+  LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
+  void Release(uint64_t seq);
+  // Wait without blocking: true once seq's answer is there.
+  bool Done(uint64_t seq) const;
+  // The lane's header and a slot's words, for a caller whose GPU stream writes the fence and waits
+  // on done_seq itself (stream-ordered calls, lane_c_api.h).
+  uint8_t* base() const { return base_; }
+  uint64_t fence_offset(uint64_t seq) const;     // the request slot's fence word
+  uint64_t done_offset(uint64_t seq) const;      // the completion slot's done_seq (low word first)
+  // Whether the server is gone (closed the lane, or its process exited): UNAVAILABLE then.
+  LaneError CheckServer() const;
+  // Once the server is gone: every submission not yet answered is answered here with `why`
+  // (done_seq written), so that a GPU stream waiting on one goes on instead of hanging.
+  void FailOutstanding(const LaneError& why);
+
+  // Counters (this ring's waits): completions seen while spinning vs after sleeping.
+  uint64_t spin_waits() const { return spin_waits_; }
+  uint64_t sleep_waits() const { return sleep_waits_; }
+
+ private:
+  LaneRing() = default;
+  void Abandon(uint64_t seq);  // the waiter gave up: reclaim the slot once answered
+
+  LaneRingConfig config_;
+  std::string key_, arena_key_;
+  uint64_t nonce_ = 0, bytes_ = 0, arena_bytes_ = 0;
+  uint32_t depth_ = 0, inline_bytes_ = 0;
+  LaneGeometry geo_;
+  uint8_t* base_ = nullptr;
+  uint8_t* arena_ = nullptr;
+  LaneHeader* hdr_ = nullptr;
+  int server_pidfd_ = -1;
+  bool linked_ = true;
+
+  std::mutex mu_;  // submission order and slot states
+  std::condition_variable slot_freed_;
+  uint64_t next_seq_ = 0;
+  enum SlotState : uint8_t { kFree, kBusy, kAbandoned };
+  std::vector<SlotState> state_;
+  std::vector<uint64_t> slot_seq_;
+  std::set<uint64_t> filled_;  // published out of order, waiting for an earlier seq
+  uint64_t published_ = 0;     // sq_tail's value
+  std::atomic<uint64_t> spin_waits_{0}, sleep_waits_{0};
+};
+
+}  // namespace drafthead::lane

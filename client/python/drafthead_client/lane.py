@@ -1,0 +1,388 @@
+"""The same-host lane from Python (docs/lane.md): requests and answers through a shared-memory ring
+instead of one gRPC call each, for a caller on the server's host. RemoteDraftHead(lane="auto")
+uses it by itself; this module is the mechanism.
+
+The rings live in the native library libdrafthead_lane.so (the C ABI in client/lane/lane_c_api.h,
+shipped inside the package under _native/), loaded with ctypes: no compiled Python extension, so
+one build serves every CPython 3. ctypes releases the GIL while a call waits for its answer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+__all__ = ["Lane", "load_library", "local_host_id", "LaneUnavailable"]
+
+# common/lane/lane_layout.h, field for field.
+_REQUEST = struct.Struct("<QQIBBBBIIfIQIIQQIIQQ32x")
+assert _REQUEST.size == 128
+_COMPLETION = struct.Struct("<QQiIIIII12II")
+assert _COMPLETION.size == 92
+_COMPLETION_HEADER_BYTES = 512
+_NO_REGION = 0xFFFFFFFF
+_FLAG_PROBS, _FLAG_FENCE = 1, 2
+_DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
+_LAYOUT_VERSION = 1
+
+_TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
+                  "epilogue_us", "gather_us", "d2h_us", "combine_us", "server_us")
+
+_CODE_NAMES = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+               5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+               9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+               13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED"}
+
+
+class LaneUnavailable(Exception):
+    """No lane could be opened here (the reason is the message); `code` is the gRPC code name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+_lib: Optional[ctypes.CDLL] = None
+
+
+def load_library() -> ctypes.CDLL:
+    """libdrafthead_lane.so: the package's own copy, else DRAFTHEAD_LANE_LIB, else a build tree's."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    here = Path(__file__).resolve().parent
+    candidates = [here / "_native" / "libdrafthead_lane.so"]
+    if os.environ.get("DRAFTHEAD_LANE_LIB"):
+        candidates.insert(0, Path(os.environ["DRAFTHEAD_LANE_LIB"]))
+    # Running from a source checkout: <repo>/client/python/drafthead_client -> <repo>/build*/client.
+    repo = here.parent.parent.parent
+    candidates += sorted(repo.glob("build*/client/libdrafthead_lane.so"))
+    for path in candidates:
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            break
+    else:
+        raise LaneUnavailable("FAILED_PRECONDITION",
+                              "libdrafthead_lane.so not found (install the wheel, or build the "
+                              "drafthead_lane_c target, or set DRAFTHEAD_LANE_LIB)")
+    c = ctypes
+    lib.dh_lane_layout_version.restype = c.c_uint32
+    lib.dh_lane_create.restype = c.c_void_p
+    lib.dh_lane_create.argtypes = [c.c_uint32, c.c_uint32, c.c_uint64, c.c_uint64, c.c_int64,
+                                   c.POINTER(c.c_int), c.c_char_p, c.c_size_t]
+    lib.dh_lane_destroy.argtypes = [c.c_void_p]
+    for name, res in (("dh_lane_key", c.c_char_p), ("dh_lane_arena_key", c.c_char_p),
+                      ("dh_lane_bytes", c.c_uint64), ("dh_lane_arena_bytes", c.c_uint64),
+                      ("dh_lane_nonce", c.c_uint64), ("dh_lane_depth", c.c_uint32),
+                      ("dh_lane_inline_bytes", c.c_uint32)):
+        getattr(lib, name).restype = res
+        getattr(lib, name).argtypes = [c.c_void_p]
+    lib.dh_lane_unlink.argtypes = [c.c_void_p]
+    lib.dh_lane_attach.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
+    for name in ("dh_lane_hidden_area", "dh_lane_output_area"):
+        getattr(lib, name).restype = c.c_void_p
+        getattr(lib, name).argtypes = [c.c_void_p, c.c_uint32]
+    for name in ("dh_lane_hidden_offset", "dh_lane_output_offset"):
+        getattr(lib, name).restype = c.c_uint64
+        getattr(lib, name).argtypes = [c.c_void_p, c.c_uint32]
+    lib.dh_lane_reserve.argtypes = [c.c_void_p, c.c_int64, c.POINTER(c.c_uint64), c.c_char_p, c.c_size_t]
+    lib.dh_lane_publish.argtypes = [c.c_void_p, c.c_uint64, c.c_char_p]
+    lib.dh_lane_wait.argtypes = [c.c_void_p, c.c_uint64, c.c_int64, c.POINTER(c.c_void_p), c.c_char_p,
+                                 c.c_size_t]
+    lib.dh_lane_release.argtypes = [c.c_void_p, c.c_uint64]
+    lib.dh_lane_done.argtypes = [c.c_void_p, c.c_uint64]
+    lib.dh_lane_completion.restype = c.c_void_p
+    lib.dh_lane_completion.argtypes = [c.c_void_p, c.c_uint64]
+    lib.dh_lane_cuda_attach.argtypes = [c.c_void_p, c.c_char_p, c.c_size_t]
+    for name in ("dh_lane_stream_fence", "dh_lane_stream_wait"):
+        getattr(lib, name).argtypes = [c.c_void_p, c.c_uint64, c.c_void_p, c.c_char_p, c.c_size_t]
+    if lib.dh_lane_layout_version() != _LAYOUT_VERSION:
+        raise LaneUnavailable("FAILED_PRECONDITION", "libdrafthead_lane.so speaks another layout version")
+    _lib = lib
+    return lib
+
+
+def local_host_id() -> str:
+    """This host's boot id (compared with ModelInfo.host_id)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _round_up(v: int, to: int) -> int:
+    return (v + to - 1) // to * to
+
+
+class Lane:
+    """One open lane: `compute(request, timeout)` answers a pb.LogitsRequest whose hidden rows are
+    inline, as ComputeLogits would (an in-band error raises `error_type`). Thread-safe: up to
+    `depth` calls at once, more wait for a slot."""
+
+    def __init__(self, pb: Any, stub: Any, info: Any, call: Callable[..., Any], error_type: type,
+                 depth: int = 8, spin_us: int = 200, cuda_device: Any = None):
+        """cuda_device (a torch device): also give the lane arenas on that GPU, registered as CUDA
+        regions, so that torch CUDA tensors go in and come out without leaving it (call_cuda)."""
+        if info.lanes == 0:
+            raise LaneUnavailable("FAILED_PRECONDITION", "the server offers no lanes (started without --lanes)")
+        if not info.host_id or info.host_id != local_host_id():
+            raise LaneUnavailable("FAILED_PRECONDITION", "the server is on another host (its boot id differs)")
+        if pb.SYSTEM not in list(info.shared_memory):
+            raise LaneUnavailable("FAILED_PRECONDITION", "the server serves no system shared memory")
+        self._pb, self._stub, self._error = pb, stub, error_type
+        lib = self._lib = load_library()
+        rows = info.max_rows
+        self._vocab = info.vocab_size
+        self._hidden_slot = _round_up(rows * info.hidden_size * 4, 4096)
+        self._output_slot = _round_up(rows * info.vocab_size * 4, 4096)
+        inline = min(1 << 20, rows * max(1, info.max_top_k) * 12)
+        code = ctypes.c_int(0)
+        msg = ctypes.create_string_buffer(512)
+        self._h = lib.dh_lane_create(depth, inline, self._hidden_slot, self._output_slot, spin_us * 1000,
+                                     ctypes.byref(code), msg, len(msg))
+        if not self._h:
+            raise LaneUnavailable(_CODE_NAMES.get(code.value, "UNKNOWN"), msg.value.decode(errors="replace"))
+        self._depth = lib.dh_lane_depth(self._h)
+        self._inline = lib.dh_lane_inline_bytes(self._h)
+        nonce = lib.dh_lane_nonce(self._h)
+        req = pb.OpenLaneRequest(shm_key=lib.dh_lane_key(self._h).decode(), byte_size=lib.dh_lane_bytes(self._h),
+                                 nonce=nonce, layout_version=_LAYOUT_VERSION, pid=os.getpid())
+        req.regions.add(name=f"lane-arena-{os.getpid()}-{nonce}", kind=pb.SYSTEM,
+                        shm_key=lib.dh_lane_arena_key(self._h).decode(), byte_size=lib.dh_lane_arena_bytes(self._h))
+        self._cuda_hidden = self._cuda_output = None
+        self.cuda_error: Optional[str] = "no CUDA device asked for"
+        if cuda_device is not None:
+            if pb.CUDA_IPC not in list(info.shared_memory):
+                self.cuda_error = "the server serves no CUDA shared memory (--shared-memory=cuda)"
+            else:
+                import torch
+                from .regions import tensor_region_request
+                # Arenas on the caller's GPU: rows in (fp32 at most), answers out (fp32 logits at most).
+                self._cuda_hidden = torch.empty(self._depth * self._hidden_slot, dtype=torch.uint8, device=cuda_device)
+                self._cuda_output = torch.empty(self._depth * self._output_slot, dtype=torch.uint8, device=cuda_device)
+                req.regions.append(tensor_region_request(f"lane-cuda-in-{os.getpid()}-{nonce}", self._cuda_hidden))
+                req.regions.append(tensor_region_request(f"lane-cuda-out-{os.getpid()}-{nonce}", self._cuda_output))
+        self.lane_id = 0
+        try:
+            resp = call(stub.OpenLane, req, 10.0)
+        except Exception as e:  # the server's reason, as the caller's error type carries it
+            lib.dh_lane_destroy(self._h)
+            self._h = None
+            raise LaneUnavailable(getattr(e, "code", "UNKNOWN"), f"OpenLane: {e}") from None
+        finally:
+            if self._h:
+                lib.dh_lane_unlink(self._h)
+        self.lane_id = resp.lane_id
+        rc = lib.dh_lane_attach(self._h, resp.server_pid, msg, len(msg))
+        if rc != 0:
+            self.close()
+            raise LaneUnavailable(_CODE_NAMES.get(rc, "UNKNOWN"), msg.value.decode(errors="replace"))
+        self._call = call
+        self._pending: list = []             # stream-ordered submissions not yet seen answered
+        self._deferred: Optional[Exception] = None  # the first error among them
+        self._lock = threading.Lock()  # call_cuda's bookkeeping
+        if self._cuda_hidden is not None:
+            rc = lib.dh_lane_cuda_attach(self._h, msg, len(msg))
+            self.cuda_error = None if rc == 0 else msg.value.decode(errors="replace")
+            if rc != 0:
+                self._cuda_hidden = self._cuda_output = None
+
+    @property
+    def cuda(self) -> bool:
+        """Whether torch CUDA tensors travel this lane on their GPU (call_cuda)."""
+        return self._cuda_hidden is not None
+
+    def close(self) -> None:
+        """CloseLane (bounded, best effort: the server also frees a lane whose caller exits)."""
+        h, self._h = self._h, None
+        if h is None:
+            return
+        if self.lane_id:
+            try:
+                self._stub.CloseLane(self._pb.CloseLaneRequest(lane_id=self.lane_id), timeout=2.0)
+            except Exception:
+                pass
+        self._lib.dh_lane_destroy(h)
+
+    def __del__(self):  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _raise(self, code: int, msg: Any) -> None:
+        text = msg.value.decode(errors="replace") if hasattr(msg, "value") else str(msg)
+        raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), text)
+
+    def _error_of(self, ptr: int) -> Optional[Exception]:
+        """The completion at ptr as an exception, or None when it is OK."""
+        fields = _COMPLETION.unpack(ctypes.string_at(ptr, _COMPLETION.size))
+        code = fields[2]
+        if code == 0:
+            return None
+        mlen = min(fields[20], 384)
+        return self._error(_CODE_NAMES.get(code, "UNKNOWN"), ctypes.string_at(ptr + 92, mlen).decode(errors="replace"))
+
+    def _settle(self, block: bool, timeout: Optional[float]) -> None:
+        """Releases the stream-ordered submissions that are answered (blocking: the oldest one at
+        least), keeping the first error to raise at the next call or synchronize()."""
+        lib, h = self._lib, self._h
+        msg = ctypes.create_string_buffer(512)
+        while self._pending:
+            seq = self._pending[0]
+            if not lib.dh_lane_done(h, seq):
+                if not block:
+                    return
+                ptr = ctypes.c_void_p()
+                rc = lib.dh_lane_wait(h, seq, -1 if timeout is None else int(timeout * 1e9), ctypes.byref(ptr),
+                                      msg, len(msg))
+                if rc != 0:
+                    self._raise(rc, msg)
+            err = self._error_of(lib.dh_lane_completion(h, seq))
+            if err is not None and self._deferred is None:
+                self._deferred = err
+            lib.dh_lane_release(h, seq)
+            self._pending.pop(0)
+            block = False
+
+    def synchronize(self, timeout: Optional[float] = None) -> None:
+        """Waits (on the host) for every stream-ordered call's answer; raises the first failure."""
+        with self._lock:
+            while self._pending:
+                self._settle(True, timeout)
+            err, self._deferred = self._deferred, None
+        if err is not None:
+            raise err
+
+    def call_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
+                  temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0, wait: bool = True,
+                  timeout: Optional[float] = None) -> Any:
+        """One call with a torch CUDA tensor x [rows, K] (bf16 or fp32, at most max_rows rows) on the
+        caller's current stream: the rows are copied into the lane's CUDA arena and fenced on the
+        stream, and the stream waits for the answer, which is copied out of the arena on it. Returns
+        the logits tensor, or (ids int64, values, probs or None), all ordered on the stream. wait=True
+        also waits on the host and raises a failure at once; wait=False returns at once, and a failure
+        raises at the next call or synchronize() (like an asynchronous CUDA error)."""
+        import torch
+        pb, lib, h = self._pb, self._lib, self._h
+        if h is None:
+            raise self._error("UNAVAILABLE", "the lane is closed")
+        rows, K = x.shape
+        nbytes = x.numel() * x.element_size()
+        if nbytes > self._hidden_slot:
+            raise self._error("INVALID_ARGUMENT", f"hidden: {nbytes} bytes exceed the lane's {self._hidden_slot}")
+        k = top_k if mode == pb.TOP_K else 1
+        if mode == pb.FULL_LOGITS:
+            out_bytes = rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
+        else:
+            out_bytes = rows * k * (12 if return_probs else 8)
+        if out_bytes > self._output_slot:
+            raise self._error("INVALID_ARGUMENT", f"the answer's {out_bytes} bytes exceed the lane's output slot")
+        msg = ctypes.create_string_buffer(512)
+        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        stream = torch.cuda.current_stream(x.device)
+        with self._lock:
+            self._settle(False, timeout)
+            if len(self._pending) >= self._depth:
+                self._settle(True, timeout)
+            if self._deferred is not None:
+                err, self._deferred = self._deferred, None
+                raise err
+            seq = ctypes.c_uint64(0)
+            rc = lib.dh_lane_reserve(h, timeout_ns, ctypes.byref(seq), msg, len(msg))
+            if rc != 0:
+                self._raise(rc, msg)
+            n = seq.value
+            slot = n % self._depth
+            h0, o0 = slot * self._hidden_slot, slot * self._output_slot
+            self._cuda_hidden[h0:h0 + nbytes].view(x.dtype).view(rows, K).copy_(x)
+            rc = lib.dh_lane_stream_fence(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
+            if rc != 0:
+                self._raise(rc, msg)
+            hidden_dtype = pb.FP32 if x.dtype == torch.float32 else pb.BF16
+            d = _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k,
+                              (_FLAG_PROBS if return_probs else 0) | _FLAG_FENCE, temperature, 0, seed,
+                              1, 0, h0, nbytes, 2, 0, o0, out_bytes)
+            lib.dh_lane_publish(h, n, d)
+            rc = lib.dh_lane_stream_wait(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
+            if rc != 0:
+                self._raise(rc, msg)
+            out = self._cuda_output[o0:o0 + out_bytes]
+            if mode == pb.FULL_LOGITS:
+                result: Any = out.view(torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16).view(
+                    rows, self._vocab).clone()
+            else:
+                m = rows * k
+                ids = out[:4 * m].view(torch.int32).view(rows, k).to(torch.int64)
+                values = out[4 * m:8 * m].view(torch.float32).view(rows, k).clone()
+                probs = out[8 * m:12 * m].view(torch.float32).view(rows, k).clone() if return_probs else None
+                result = (ids, values, probs)
+            self._pending.append(n)
+            if wait:
+                self._settle(True, timeout)
+                if self._deferred is not None:
+                    err, self._deferred = self._deferred, None
+                    raise err
+        return result
+
+    def compute(self, req: Any, timeout: Optional[float]) -> Any:
+        pb, lib, h = self._pb, self._lib, self._h
+        if h is None:
+            raise self._error("UNAVAILABLE", "the lane is closed")
+        hidden = req.hidden
+        if len(hidden) > self._hidden_slot:
+            raise self._error("INVALID_ARGUMENT", f"hidden: {len(hidden)} bytes exceed the lane's {self._hidden_slot}")
+        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        msg = ctypes.create_string_buffer(512)
+        seq = ctypes.c_uint64(0)
+        rc = lib.dh_lane_reserve(h, timeout_ns, ctypes.byref(seq), msg, len(msg))
+        if rc != 0:
+            self._raise(rc, msg)
+        n = seq.value
+        slot = n % self._depth
+        ctypes.memmove(lib.dh_lane_hidden_area(h, slot), hidden, len(hidden))
+        full = req.mode == pb.FULL_LOGITS
+        logits_bytes = 0
+        out = (_NO_REGION, 0, 0, 0)
+        if full:
+            logits_bytes = min(self._output_slot, req.rows * self._vocab * (4 if req.logits_dtype == pb.FP32 else 2))
+            out = (0, 0, lib.dh_lane_output_offset(h, slot), logits_bytes)
+        d = _REQUEST.pack(0, req.request_id, req.rows, req.hidden_dtype, req.mode, req.logits_dtype, req.head,
+                          req.top_k, _FLAG_PROBS if req.return_probs else 0, req.temperature, 0, req.seed,
+                          0, 0, lib.dh_lane_hidden_offset(h, slot), len(hidden), *out)
+        lib.dh_lane_publish(h, n, d)
+        ptr = ctypes.c_void_p()
+        rc = lib.dh_lane_wait(h, n, timeout_ns, ctypes.byref(ptr), msg, len(msg))
+        if rc != 0:
+            self._raise(rc, msg)
+        try:
+            fields = _COMPLETION.unpack(ctypes.string_at(ptr.value, _COMPLETION.size))
+            _, request_id, code, rows, vocab, k, flags, logits_dtype = fields[:8]
+            if code != 0:
+                mlen = min(fields[20], 384)
+                raise self._error(_CODE_NAMES.get(code, "UNKNOWN"),
+                                  ctypes.string_at(ptr.value + 92, mlen).decode(errors="replace"))
+            resp = pb.LogitsResponse(request_id=request_id, rows=rows, vocab_size=vocab, logits_dtype=logits_dtype)
+            resp.timing.CopyFrom(pb.Timing(**dict(zip(_TIMING_FIELDS, fields[8:20]))))
+            if full:
+                resp.logits = ctypes.string_at(lib.dh_lane_output_area(h, slot), logits_bytes)
+            elif rows:
+                entries = rows * k
+                probs = bool(flags & _DONE_PROBS)
+                src = (lib.dh_lane_output_area(h, slot) if flags & _DONE_IN_OUTPUT
+                       else ptr.value + _COMPLETION_HEADER_BYTES)
+                raw = np.frombuffer(ctypes.string_at(src, entries * (12 if probs else 8)), dtype="<u4")
+                resp.token_ids.extend(raw[:entries].view("<i4").tolist())
+                resp.values.extend(raw[entries:2 * entries].view("<f4").tolist())
+                if probs:
+                    resp.probs.extend(raw[2 * entries:].view("<f4").tolist())
+            return resp
+        finally:
+            lib.dh_lane_release(h, n)
