@@ -167,7 +167,8 @@ std::string ModelInfoText(const v1::ModelInfo& m) {
   return absl::StrCat("hidden_size  ", m.hidden_size(), "\nvocab_size   ", m.vocab_size(), "\npadded_vocab ",
                       m.padded_vocab(), "\ntp           ", m.tp(), "\nshard_rows   ", m.shard_rows(), "\nmax_rows     ",
                       m.max_rows(), "\nmax_top_k    ", m.max_top_k(), "\nbackend      ", m.backend(), "\ncomm         ",
-                      m.comm(), "\nheads        ", heads, "\nweights      ", m.weights(), "\nversion      ", m.version(), "\n");
+                      m.comm(), "\nheads        ", heads, "\nweights      ", m.weights(), "\nversion      ", m.version(),
+                      "\nlanes        ", m.lanes(), "\n");
 }
 
 nlohmann::ordered_json ModelInfoJson(const v1::ModelInfo& m) {
@@ -176,7 +177,7 @@ nlohmann::ordered_json ModelInfoJson(const v1::ModelInfo& m) {
   return {{"hidden_size", m.hidden_size()}, {"vocab_size", m.vocab_size()}, {"padded_vocab", m.padded_vocab()},
           {"tp", m.tp()}, {"shard_rows", m.shard_rows()}, {"max_rows", m.max_rows()}, {"max_top_k", m.max_top_k()},
           {"backend", m.backend()}, {"comm", m.comm()}, {"heads", heads}, {"weights", m.weights()},
-          {"version", m.version()}};
+          {"version", m.version()}, {"lanes", m.lanes()}, {"host_id", m.host_id()}};
 }
 
 // ---- info -------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ if(DRAFTHEAD_PYTHON)
   set(_client_py_env
     "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN}"
     "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}"
-    "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+    "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+    "DRAFTHEAD_LANE_LIB=$<TARGET_FILE:drafthead_lane_c>")
   foreach(_t client_python_test client_cli_test)
     add_test(NAME ${_t} COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
     set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS client)
@@ -22,7 +23,7 @@ if(DRAFTHEAD_PYTHON)
     add_test(NAME client_e2e_parity_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/client_e2e_parity_test.py)
     set_tests_properties(client_e2e_parity_test PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS "client;e2e")
     # Shared-memory regions from Python and the DSpark adapter (POSIX regions, CPU server).
-    foreach(_t dspark_adapter_test client_regions_test)
+    foreach(_t dspark_adapter_test client_regions_test client_lane_test)
       add_test(NAME ${_t} COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
       set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS "client;e2e")
     endforeach()
