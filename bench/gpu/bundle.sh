@@ -39,6 +39,11 @@ strip --strip-unneeded "$stage"/lib/* 2>/dev/null || true
 # The generated Python stubs (the GPU machine has grpcio and protobuf, not protoc).
 [ -d "$build/client/python_gen" ] && cp -r "$build/client/python_gen/." "$stage/python/"
 mkdir -p "$out"
+# The lane's C ABI library (a .so, so not among the programs above), for the Python client.
+[ -f "$build/client/libdrafthead_lane.so" ] && cp "$build/client/libdrafthead_lane.so" "$stage/lib/"
+# The in-process original (../shared/seed, never committed), for the lane-vs-original table.
+seed_dir="${DRAFTHEAD_SHARED:-$root/../shared}/seed"
+[ -d "$seed_dir" ] && mkdir -p "$out/seed" && cp "$seed_dir"/* "$out/seed/"
 # Written beside and renamed into place: a device call that copies the tree meanwhile sees the old
 # bundle or the new one, never half of one.
 tar -C "$stage" -cJf "$out/.drafthead-gpu.tar.xz.part" .

@@ -1,0 +1,125 @@
+#!/bin/bash
+# Issue 21's GPU tables (the same-host lane) in one device command. Here: `bench/gpu/bundle.sh`
+# (it also copies the seed into bundle-gpu/seed/). On the GPU machine, from the repository root
+# (the device tool's `carry: ["bundle-gpu"]`):
+#
+#   bash bench/gpu/lane.sh [check] [cpp] [python] [mps] [tp4]...   (default: all of them)
+#
+# check:  tests/lane_cuda_test.py (torch CUDA tensors over the lane == gRPC, every mode, REPEAT=50)
+# cpp:    drafthead-client load, gRPC (--lane=off) vs the lane (--lane=shm), alternating rounds:
+#         c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=5 FULL_LOGITS bf16; c=64 M=5 TOP_K over one lane of depth
+#         64; GEMV = the server's own Timing.gemv_us p50 of the same point.
+# python: bench/gpu/lane_python_bench.py: torch CUDA in/out, gRPC vs lane vs the in-process original
+#         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
+# mps:    cpp and python again with the CUDA MPS daemon running (server and caller share the GPU).
+# tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
+# Server: tp=1 --comm=nccl, full vocabulary (129280 x 5120), synthetic weights. SECS per point (2).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/gpu/env.sh
+srv=$DH/bin/server/drafthead-server
+cli=$DH/bin/client/drafthead-client
+secs=${SECS:-2}
+rounds=${ROUNDS:-2}
+tmp=$(mktemp -d)
+source bench/serving_lib.sh
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(check cpp python mps tp4)
+want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+t_start=$SECONDS
+stamp() { echo "[$1 done at +$((SECONDS - t_start)) s]"; }
+export DRAFTHEAD_LANE_LIB=$DH/lib/libdrafthead_lane.so
+mps_dir=$tmp/mps
+cleanup() {
+  unserve 2>/dev/null
+  if [ -n "${mps_on:-}" ]; then echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir /usr/local/nvidia/bin/nvidia-cuda-mps-control; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+
+# A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, rows/s, errors.
+cpp_point() {  # LABEL WAY FLAGS...
+  local label=$1 way=$2
+  shift 2
+  "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/p.json" --quiet "$@" >/dev/null 2>"$tmp/err" \
+    || { echo "| $label | $way | failed: $(tail -1 "$tmp/err") |"; return; }
+  python3 - "$tmp/p.json" "$label" "$way" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))['runs'][0]
+lat, st = r['latency_us'], r.get('server_stages_us', {})
+g = st.get('gemv', {}).get('p50', float('nan'))
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {lat['p50']:.0f} | {lat['p99']:.0f} | {g:.0f} | {lat['p50'] - g:.0f} | "
+      f"{r['rows_per_s']:.0f} | {r['errors']} |")
+PY
+}
+
+cpp_table() {  # TITLE
+  echo; echo "### C++ client (drafthead-client load), $1"
+  echo "| point | way | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  for r in $(seq "$rounds"); do
+    for way in off shm; do
+      cpp_point "c=1 M=5 TOP_K k=8" $way --lane=$way --rows=5 --mode=topk --k=8
+      cpp_point "c=1 M=1 ARGMAX" $way --lane=$way --rows=1 --mode=argmax
+      cpp_point "c=1 M=5 FULL_LOGITS bf16" $way --lane=$way --rows=5 --mode=full --dtype=bf16
+    done
+  done
+  cpp_point "c=64 M=5 TOP_K k=8" off --lane=off --rows=5 --mode=topk --k=8 --concurrency=64 --connections=4
+  cpp_point "c=64 M=5 TOP_K k=8" shm --lane=shm --rows=5 --mode=topk --k=8 --concurrency=64
+}
+
+server_tp1() {
+  serve "$srv" "$tmp/tp1.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda \
+    --lanes=8 --max-rows=64
+}
+
+run_set() {  # TITLE
+  if server_tp1; then
+    if want check && [ "$1" = "no MPS" ]; then
+      echo; echo "## tests/lane_cuda_test.py (REPEAT=${REPEAT:-50})"
+      DRAFTHEAD_TARGET=127.0.0.1:$port timeout 240 python3 tests/lane_cuda_test.py 2>&1 | tail -8
+      stamp check
+    fi
+    if want cpp; then cpp_table "tp=1 nccl, full vocabulary, $1"; stamp "cpp $1"; fi
+    if want python; then
+      echo
+      timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" \
+        --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" 2>&1 | tail -12
+      stamp "python $1"
+    fi
+    unserve
+  fi
+}
+
+run_set "no MPS"
+
+if want mps; then
+  mkdir -p "$mps_dir"
+  export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir
+  if /usr/local/nvidia/bin/nvidia-cuda-mps-control -d; then
+    mps_on=1
+    run_set "MPS"
+    echo quit | /usr/local/nvidia/bin/nvidia-cuda-mps-control
+    mps_on=
+  else
+    echo "MPS daemon did not start"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
+if want tp4; then
+  if serve "$srv" "$tmp/tp4.log" --tp=4 --backend=cuda --comm=gloo --synthetic=1 --shared-memory=system \
+      --lanes=8; then
+    echo; echo "### C++ client, tp=4 --comm=gloo on the one GPU"
+    echo "| point | way | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    for r in $(seq "$rounds"); do
+      for way in off shm; do cpp_point "c=1 M=5 TOP_K k=8" $way --lane=$way --rows=5 --mode=topk --k=8; done
+    done
+    unserve
+  fi
+  stamp tp4
+fi

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Issue 21's Python table on a GPU machine: a scheduler's call with its hidden rows as a torch CUDA
+tensor, answers as torch CUDA tensors, timed with a stream synchronise after each call, three ways
+side by side in one run (alternating rounds, median of the round p50s):
+- grpc: RemoteDraftHead(lane="off") (host copies, one gRPC call);
+- lane: RemoteDraftHead(lane="required") (the lane's CUDA arenas, stream-ordered, waiting on the host);
+- original: the in-process original (the seed's Triton fp8 kernel over the full vocabulary, then
+  torch's topk / argmax), on a twin of random weights of the server's shape (--seed-file).
+Also the host time per call in the stream-ordered mode (wait=False, no synchronise in the timed
+window). Prints Markdown.
+
+    python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
+"""
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from drafthead_client import RemoteDraftHead
+
+
+def p(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def timed(fn, seconds, sync=True):
+    """Per-call microseconds for `seconds` after a short warm-up."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    lat = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        lat.append((time.perf_counter() - t0) * 1e6)
+        if not sync:
+            torch.cuda.synchronize()  # outside the timed window
+    return lat
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--seed-file", default="")
+    ap.add_argument("--ms", default="1,5,16,64")
+    ap.add_argument("--seconds", type=float, default=1.5, help="per way, per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+
+    lane = RemoteDraftHead(args.target, lane="required", timeout=30)
+    grpc = RemoteDraftHead(args.target, lane="off", timeout=30)
+    info = grpc.info()
+    K, V = info["hidden_size"], info["vocab_size"]
+    dev = torch.device("cuda")
+
+    original = None
+    if args.seed_file:
+        spec = importlib.util.spec_from_file_location("seed_head", args.seed_file,
+                                                      loader=importlib.machinery.SourceFileLoader("seed_head", args.seed_file))
+        seed = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(seed)
+        w = (torch.randn(V, K, device=dev) * 0.02).to(torch.bfloat16)
+        twin = seed.make_twin(w)
+        del w
+        torch.cuda.empty_cache()
+
+        def original(x, mode):
+            y = seed.head_fp8(x, twin).to(torch.bfloat16)  # the original casts to the head's dtype
+            if mode == "topk":
+                return torch.topk(y, 8, dim=-1)
+            if mode == "argmax":
+                return torch.max(y, dim=-1)
+            return y
+
+    def lane_call(x, mode, wait=True):
+        if mode == "topk":
+            return lane.topk(x, 8, wait=wait)
+        if mode == "argmax":
+            return lane.argmax(x, wait=wait)
+        return lane.logits(x, dtype="bf16", wait=wait)
+
+    def grpc_call(x, mode):
+        if mode == "topk":
+            return grpc.topk(x, 8)
+        if mode == "argmax":
+            return grpc.argmax(x)
+        return grpc.logits(x, dtype="bf16")
+
+    cases = [("topk", m) for m in map(int, args.ms.split(","))] + [("argmax", 1), ("full", 5)]
+    title = f" ({args.label})" if args.label else ""
+    print(f"| Python, torch CUDA{title} | grpc p50 us | lane p50 us | lane p99 us | original p50 us | lane / original | lane host us/call, wait=False (p50) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for mode, m in cases:
+        x = torch.randn(m, K, device=dev).to(torch.bfloat16)
+        lane_call(x, mode)  # opens the lane (with its CUDA arenas) outside the timing
+        res = {"grpc": [], "lane": [], "lane_all": [], "original": [], "nowait": []}
+        for _ in range(args.rounds):
+            res["grpc"].append(p(timed(lambda: grpc_call(x, mode), args.seconds), 0.5))
+            lat = timed(lambda: lane_call(x, mode), args.seconds)
+            res["lane"].append(p(lat, 0.5))
+            res["lane_all"] += lat
+            if original is not None:
+                res["original"].append(p(timed(lambda: original(x, mode), args.seconds), 0.5))
+            res["nowait"].append(p(timed(lambda: lane_call(x, mode, wait=False), args.seconds, sync=False), 0.5))
+            lane.synchronize()
+        med = {k: statistics.median(v) if v else float("nan") for k, v in res.items() if k != "lane_all"}
+        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        ratio = med["lane"] / med["original"] if original is not None else float("nan")
+        print(f"| {label} | {med['grpc']:.0f} | {med['lane']:.0f} | {p(res['lane_all'], 0.99):.0f} | "
+              f"{med['original']:.0f} | {ratio:.2f} | {med['nowait']:.0f} |", flush=True)
+    lane.close()
+    grpc.close()
+
+
+if __name__ == "__main__":
+    main()

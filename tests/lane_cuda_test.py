@@ -1,0 +1,113 @@
+"""The same-host lane with torch CUDA tensors (GPU machines; skips elsewhere): against a server
+started with --lanes and --shared-memory=system,cuda (DRAFTHEAD_TARGET, or one it starts itself from
+DRAFTHEAD_BIN_DIR), every mode over the lane's CUDA arenas -- waiting on the host (wait=True) and
+stream-ordered (wait=False, then synchronize) -- equals lane="off" (gRPC, host copies) bit for bit;
+rows produced by a slow kernel just before the call are read only after it (the fence); an error
+raises at once with wait=True and at synchronize() with wait=False. REPEAT (default 50) rounds of
+random inputs, as GPU tests run here: a flaky answer is a race until shown otherwise."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import torch  # type: ignore
+    HAVE_GPU = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    torch, HAVE_GPU = None, False
+
+import drafthead_client as dc  # noqa: E402
+
+REPEAT = int(os.environ.get("REPEAT", "50"))
+
+
+@unittest.skipUnless(HAVE_GPU, "no CUDA GPU with torch here")
+class LaneCudaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc = None
+        cls.target = os.environ.get("DRAFTHEAD_TARGET")
+        if not cls.target:
+            from client_test_util import RealServer
+            cls.server = RealServer(["--synthetic=3", "--hidden-size=512", "--padded-vocab=8192", "--vocab-size=8000",
+                                     "--tp=1", "--backend=cuda", "--comm=nccl", "--shared-memory=system,cuda",
+                                     "--lanes=4", "--max-rows=64"], tempfile.mkdtemp(prefix="dh-lane-cuda-"))
+            cls.target = cls.server.target
+        else:
+            cls.server = None
+        cls.lane = dc.RemoteDraftHead(cls.target, lane="required", timeout=60)
+        cls.grpc = dc.RemoteDraftHead(cls.target, lane="off", timeout=60)
+        cls.K = cls.grpc.info()["hidden_size"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.lane.close()
+        cls.grpc.close()
+        if cls.server is not None:
+            cls.server.close()
+
+    def eq(self, a, b):
+        if a is None or b is None:
+            self.assertIs(a, b)
+            return
+        self.assertEqual(a.device.type, "cuda")
+        self.assertEqual(a.dtype, b.dtype)
+        self.assertTrue(torch.equal(a.cpu(), b.cpu()), "lane and gRPC answers differ")
+
+    def test_every_mode_equals_grpc(self):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for i in range(REPEAT):
+            rows = [1, 5, 16, 64, 70][i % 5]  # 70 > max_rows: two calls
+            dtype = torch.bfloat16 if i % 3 else torch.float32
+            x = torch.randn(rows, self.K, device="cuda", generator=g).to(dtype)
+            wait = i % 2 == 0
+            a = [self.lane.logits(x, dtype="bf16", wait=wait), self.lane.logits(x, dtype="fp32", wait=wait),
+                 self.lane.topk(x, 8, probs=True, temperature=0.8, wait=wait), self.lane.topk(x, 1 + i % 40, wait=wait),
+                 self.lane.argmax(x, wait=wait), self.lane.sample(x, temperature=0.9, seed=i, wait=wait)]
+            if not wait:
+                self.lane.synchronize()
+            b = [self.grpc.logits(x, dtype="bf16"), self.grpc.logits(x, dtype="fp32"),
+                 self.grpc.topk(x, 8, probs=True, temperature=0.8), self.grpc.topk(x, 1 + i % 40),
+                 self.grpc.argmax(x), self.grpc.sample(x, temperature=0.9, seed=i)]
+            self.eq(a[0], b[0])
+            self.eq(a[1], b[1])
+            for u, v in zip(a[2:], b[2:]):
+                for s, t in zip(u, v):
+                    self.eq(s, t)
+        self.assertTrue(self.lane.lane().cuda, self.lane.lane().cuda_error)
+
+    def test_rows_written_just_before_the_call_are_fenced(self):
+        # The rows come out of work still queued on the stream when the call is made: the server
+        # must wait for the stream's fence, not read stale rows.
+        for i in range(REPEAT):
+            x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
+            want = self.grpc.topk(x, 4)
+            torch.cuda.synchronize()
+            y = torch.zeros_like(x)
+            torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time ahead of the rows
+            y.copy_(x)
+            got = self.lane.topk(y, 4, wait=i % 2 == 0)
+            self.lane.synchronize()
+            self.eq(got.ids, want.ids)
+            self.eq(got.values, want.values)
+
+    def test_errors(self):
+        x = torch.randn(2, self.K, device="cuda").to(torch.bfloat16)
+        x[1, 3] = float("inf")
+        with self.assertRaises(dc.DraftHeadError) as e:
+            self.lane.argmax(x)
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.lane.argmax(x, wait=False)  # returns at once; the failure comes at synchronize()
+        with self.assertRaises(dc.DraftHeadError):
+            self.lane.synchronize()
+        ok = torch.randn(2, self.K, device="cuda").to(torch.bfloat16)
+        self.assertEqual(tuple(self.lane.argmax(ok).ids.shape), (2,))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
