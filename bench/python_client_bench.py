@@ -34,9 +34,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0, help="measured time per case")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--cases", default="topk5,argmax1,full5", help="comma-separated: topk5, argmax1, full5")
+    ap.add_argument("--lane", default="off", help="comma-separated lane modes to compare (off, auto, required); "
+                    "each case runs once per mode per round, alternating")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
 
-    head = RemoteDraftHead(args.target, timeout=10.0)
+    heads = {mode: RemoteDraftHead(args.target, timeout=10.0, lane=mode) for mode in args.lane.split(",")}
+    head = next(iter(heads.values()))
     info = head.info()
     K = int(info["hidden_size"])
     rng = np.random.default_rng(1)
@@ -55,16 +59,18 @@ def main():
             torch.cuda.synchronize()
 
     cases = {
-        "topk5": ("M=5 TOP_K k=8", 5, lambda h: head.topk(h, 8)),
-        "argmax1": ("M=1 ARGMAX", 1, lambda h: head.argmax(h)),
-        "full5": ("M=5 FULL_LOGITS bf16", 5, lambda h: head.logits(h, dtype="bf16")),
+        "topk5": ("M=5 TOP_K k=8", 5, lambda head, h: head.topk(h, 8)),
+        "argmax1": ("M=1 ARGMAX", 1, lambda head, h: head.argmax(h)),
+        "full5": ("M=5 FULL_LOGITS bf16", 5, lambda head, h: head.logits(h, dtype="bf16")),
     }
     kind = f"torch {args.device}" if use_torch else "numpy bf16"
-    print(f"| python client ({kind}) | calls | p50 us | p90 us | p99 us |")
-    print("| --- | --- | --- | --- | --- |")
-    for name in args.cases.split(","):
-        label, rows, call = cases[name]
+    print(f"| python client ({kind}) | lane | calls | p50 us | p90 us | p99 us |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, lane_mode, _ in [(n, m, r) for r in range(args.rounds) for n in args.cases.split(",") for m in heads]:
+        label, rows, case = cases[name]
+        call = (lambda head: lambda h: case(head, h))(heads[lane_mode])
         x = hidden(rows)
+        call(x)  # a lane opens on the first call, outside the timing
         sync()
         lat = []
         t_end_warm = time.perf_counter() + args.warmup
@@ -80,9 +86,10 @@ def main():
                 lat.append((t1 - t0) * 1e6)
             del out
         lat.sort()
-        print(f"| {label} | {len(lat)} | {percentile(lat, 0.5):.0f} | {percentile(lat, 0.9):.0f} | "
-              f"{percentile(lat, 0.99):.0f} |")
-    head.close()
+        print(f"| {label} | {lane_mode} | {len(lat)} | {percentile(lat, 0.5):.1f} | {percentile(lat, 0.9):.0f} | "
+              f"{percentile(lat, 0.99):.0f} |", flush=True)
+    for h in heads.values():
+        h.close()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,53 @@
 #     (--max-batch-requests=1); then a soak at concurrency 32 with rank 0's RSS before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = lane ]; then
+  # Issue 21's CPU target: the same trivial head at c=1, gRPC unary vs the same-host lane, C++
+  # (drafthead-client load --lane=off|shm) and Python (bench/python_client_bench.py --lane),
+  # alternating PAIRS times; median p50s and their ratio (target: lane <= 1/5 of gRPC).
+  build=${2:-build}; secs=${3:-3}; pairs=${4:-3}
+  srv=$build/server/drafthead-server; cli=$build/client/drafthead-client
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  source bench/serving_lib.sh
+  echo "date: $(date -u '+%F %H:%M UTC'), host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  serve "$srv" "$tmp/srv.log" --tp=1 --backend=cpu --comm=gloo --threads=1 --synthetic=1 --hidden-size=64 \
+    --padded-vocab=256 --shared-memory=system --lanes=4
+  point_header
+  rows=()
+  for m in "argmax M=1|--rows=1 --mode=argmax" "topk M=5 k=8|--rows=5 --mode=topk --k=8"; do
+    grpc=() lane=()
+    for ((i = 0; i < pairs; i++)); do
+      point "grpc ${m%%|*}" ${m#*|} --lane=off --concurrency=1 --duration=${secs}s
+      grpc+=("$p50")
+      point "lane ${m%%|*}" ${m#*|} --lane=shm --concurrency=1 --duration=${secs}s
+      lane+=("$p50")
+    done
+    rows+=("$(python3 -c "
+import statistics as st
+g = [float(v) for v in '${grpc[*]}'.split()]; l = [float(v) for v in '${lane[*]}'.split()]
+print(f'| C++ | ${m%%|*} | {st.median(g):.1f} | {st.median(l):.1f} | {st.median(l) / st.median(g):.3f} |')")")
+  done
+  py=$(PYTHONPATH=client/python:$build/client/python_gen DRAFTHEAD_LANE_LIB=$build/client/libdrafthead_lane.so \
+       /usr/bin/python3 bench/python_client_bench.py --target=127.0.0.1:$port --device=numpy --seconds=$secs \
+       --cases=argmax1,topk5 --lane=off,required --rounds=$pairs)
+  echo
+  echo "$py"
+  unserve
+  echo
+  echo "| client | request | gRPC unary p50 us (median of $pairs) | lane p50 us (median of $pairs) | lane / gRPC |"
+  echo "| --- | --- | --- | --- | --- |"
+  printf '%s\n' "${rows[@]}"
+  echo "$py" | python3 -c "
+import sys, statistics as st
+rows = [l.split('|') for l in sys.stdin if l.startswith('| M=')]
+by = {}
+for r in rows:
+    by.setdefault((r[1].strip(), r[2].strip()), []).append(float(r[4]))
+for case in dict.fromkeys(k[0] for k in by):
+    g, l = st.median(by[(case, 'off')]), st.median(by[(case, 'required')])
+    print(f'| Python (numpy) | {case} | {g:.1f} | {l:.1f} | {l / g:.3f} |')"
+  exit 0
+fi
 if [ "${1:-}" = overhead ]; then
   build=${2:-build}; secs=${3:-5}; pairs=${4:-3}
   srv=$build/server/drafthead-server; cli=$build/client/drafthead-client

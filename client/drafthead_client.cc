@@ -399,6 +399,10 @@ absl::Status DraftHeadClient::WaitUntilServing(absl::Duration wait, absl::Durati
 
 absl::StatusOr<std::shared_ptr<LaneClient>> DraftHeadClient::Lane() {
   if (options_.lane == LaneMode::kOff) return std::shared_ptr<LaneClient>();
+  {  // the common case, shared by every calling thread
+    absl::ReaderMutexLock r(&lane_mu_);
+    if (lane_ != nullptr) return lane_;
+  }
   absl::MutexLock l(&lane_mu_);
   if (lane_ != nullptr || absl::Now() < lane_retry_at_) {
     if (lane_ == nullptr && options_.lane == LaneMode::kRequired) return lane_status_;

@@ -96,6 +96,15 @@ class LaneCudaTest(unittest.TestCase):
             self.eq(got.ids, want.ids)
             self.eq(got.values, want.values)
 
+    def test_dspark_adapter_takes_the_lane(self):
+        from drafthead_client import dspark_adapter as da
+        head = dc.RemoteDraftHead(self.target, timeout=60)
+        t = da._torch_transport(head, head.info())
+        self.assertIsInstance(t, da.LaneTransport)
+        x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
+        self.eq(t.logits(x, torch.bfloat16), self.grpc.logits(x, dtype="bf16"))
+        t.close()
+
     def test_errors(self):
         x = torch.randn(2, self.K, device="cuda").to(torch.bfloat16)
         x[1, 3] = float("inf")

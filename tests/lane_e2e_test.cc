@@ -477,6 +477,27 @@ TEST(LaneE2E, DeadOrStoppedServerNeverHangsTheCaller) {
   for (pid_t p : group) kill(p, SIGCONT);
 }
 
+// A caller that publishes more descriptors than its ring holds breaks the protocol: its lane is
+// closed (server_state 2, waiters UNAVAILABLE), and the server goes on.
+TEST(LaneE2E, ProtocolViolationClosesOnlyThatLane) {
+  Server s;
+  ASSERT_TRUE(s.ok) << s.proc.Log();
+  RawLane bad(s.target);
+  ASSERT_TRUE(bad.status.ok());
+  auto* h = reinterpret_cast<lane::LaneHeader*>(bad.ring->base());
+  h->sq_tail.store(12345, std::memory_order_release);
+  lane::FutexWake(&h->sq_tail, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (h->server_state.load() != lane::kServerClosed &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(h->server_state.load(), lane::kServerClosed);
+  EXPECT_FALSE(bad.ring->CheckServer().ok());
+  bad.status = grpc::Status::CANCELLED;  // already closed: no CloseLane
+  auto polite = s.Client(LaneMode::kRequired);
+  EXPECT_TRUE(polite->Compute(Request(v1::ARGMAX, 1, 9)).ok());
+}
+
 // A caller that never reads its completions fills only its own lane; another lane's calls go on.
 TEST(LaneE2E, NonReadingCallerFillsOnlyItsLane) {
   Server s;

@@ -229,6 +229,13 @@ absl::StatusOr<v1::OpenLaneResponse> LaneManager::Open(const v1::OpenLaneRequest
         if (PidfdExited(ln.pidfd)) break;
       }
       if (tail != static_cast<uint32_t>(n)) {
+        if (tail - static_cast<uint32_t>(n) > ln.depth) {
+          // More published than slots exist: not a caller following the layout. Close its lane
+          // rather than take descriptors without end.
+          Log(LogLevel::kWarn, "lane_protocol_error", "lane", ln.id, "sq_tail", tail, "taken", n);
+          counters->bad.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
         if (ln.in_flight[n % ln.depth].load(std::memory_order_acquire) != 0) {
           // The caller reused a slot still being answered: it waits its own turn (no busy loop).
           usleep(20);
@@ -261,9 +268,11 @@ absl::StatusOr<v1::OpenLaneResponse> LaneManager::Open(const v1::OpenLaneRequest
       }
       h->server_sleeping.store(0, std::memory_order_relaxed);
     }
-    if (!ln.stop.load(std::memory_order_acquire)) {  // the caller exited
-      counters->caller_exits.fetch_add(1, std::memory_order_relaxed);
-      Log(LogLevel::kInfo, "lane_caller_exited", "lane", ln.id, "pid", ln.client_pid);
+    if (!ln.stop.load(std::memory_order_acquire)) {  // the caller exited, or broke the protocol
+      if (PidfdExited(ln.pidfd)) {
+        counters->caller_exits.fetch_add(1, std::memory_order_relaxed);
+        Log(LogLevel::kInfo, "lane_caller_exited", "lane", ln.id, "pid", ln.client_pid);
+      }
       OnLaneExit(ln.id);
     }
   });

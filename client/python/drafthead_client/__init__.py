@@ -221,7 +221,8 @@ class RemoteDraftHead:
                 "tp": m.tp, "shard_rows": m.shard_rows, "max_rows": m.max_rows, "max_top_k": m.max_top_k,
                 "backend": m.backend, "comm": m.comm, "heads": [pb.Head.Name(h) for h in m.heads],
                 "weights": m.weights, "version": m.version,
-                "shared_memory": [pb.RegionKind.Name(k) for k in m.shared_memory]}
+                "shared_memory": [pb.RegionKind.Name(k) for k in m.shared_memory],
+                "lanes": m.lanes, "host_id": m.host_id}
         return self._info
 
     def serving(self, timeout: float = 2.0) -> bool:

@@ -1,10 +1,13 @@
-"""The DSpark draft's LM head on a drafthead server, through CUDA shared-memory regions. Default OFF.
+"""The DSpark draft's LM head on a drafthead server, through a same-host lane or CUDA shared-memory
+regions. Default OFF.
 
 DRAFTHEAD_DSPARK_TARGET=HOST:PORT arms it (the server on this host, started with
---shared-memory=cuda and the same head). The draft's 5 block rows per sequence go to the server
-instead of the in-process head: each rank writes its normed rows into a registered CUDA buffer,
-the server reads them over IPC, computes the fp8 head across its own GPUs and writes the cropped
-bf16 logits into a second registered buffer, which is returned. Same shapes and dtype as the stock
+--shared-memory=cuda and the same head; with --lanes too, the lane carries the calls). The draft's 5
+block rows per sequence go to the server instead of the in-process head. Over a lane (docs/lane.md)
+the rows and the logits stay on the draft's GPU and the call is ordered on its stream, without a
+gRPC call or a host synchronisation. Without lanes each rank writes its normed rows into a
+registered CUDA buffer, the server reads them over IPC, computes the fp8 head across its own GPUs
+and writes the cropped bf16 logits into a second registered buffer, which is returned. Same shapes and dtype as the stock
 path ([M, vocab] in the lm_head's dtype); the target's logits and every accepted token are
 untouched. If the server cannot be reached the stock path serves (logged once; the server is tried
 again every DRAFTHEAD_DSPARK_RETRY_S seconds, default 30).
@@ -59,6 +62,21 @@ class CudaRegionTransport:
         self._bufs.clear()
 
 
+class LaneTransport:
+    """Rows in, logits out over the head's same-host lane (its CUDA arenas): no gRPC call, no host
+    synchronisation; the logits are ordered on the caller's current stream."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def logits(self, x, out_dtype):
+        import torch
+        return self.head.logits(x.to(torch.bfloat16), dtype="bf16", timeout=CALL_TIMEOUT_S).to(out_dtype)
+
+    def close(self):
+        self.head.close()
+
+
 class RemoteHead:
     """The server as the draft's head: connects lazily, falls back when it is unreachable."""
 
@@ -111,6 +129,10 @@ def _check_engine(dspark_module):
 
 
 def _torch_transport(head, info):
+    import torch
+    lane = head.lane(cuda_device=torch.device("cuda", torch.cuda.current_device()))
+    if lane is not None and lane.cuda:
+        return LaneTransport(head)
     if "CUDA_IPC" not in info.get("shared_memory", []):
         raise RuntimeError(f"the server does not serve CUDA regions (start it with --shared-memory=cuda); "
                            f"it serves {info.get('shared_memory') or 'none'}")
