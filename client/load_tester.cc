@@ -621,16 +621,19 @@ absl::StatusOr<LoadResult> Run::Execute() {
   return Merge();
 }
 
-// The lane: one client, one lane of depth `concurrency`, a thread per in-flight call (a lane call
-// is synchronous: the caller's thread spins, then sleeps, for its answer).
+// The lane: one client, one lane of depth `concurrency`. A lane call is synchronous for its
+// caller (spin, then sleep), so the in-flight calls are spread over a few threads (at most
+// kLaneThreads, each keeping its share in flight with LaneClient::Start / Finish) rather than one
+// spinning thread per call.
 absl::Status Run::LaneLoop() {
+  constexpr int kLaneThreads = 4;
   ClientOptions co = o_.client;
   co.lane = LaneMode::kRequired;
   co.lane_options.depth = static_cast<uint32_t>(o_.concurrency);
   co.lane_options.spin_ns = o_.lane_spin_ns;
   co.retry.max_attempts = 1;
   DH_ASSIGN_OR_RETURN(std::unique_ptr<DraftHeadClient> client, DraftHeadClient::Connect(o_.target, co));
-  DH_RETURN_IF_ERROR(client->Lane().status());
+  DH_ASSIGN_OR_RETURN(std::shared_ptr<LaneClient> lane, client->Lane());
   std::vector<v1::LogitsRequest> pool(pool_.size());
   for (size_t i = 0; i < pool_.size(); ++i) {
     std::vector<grpc::Slice> slices;
@@ -643,15 +646,38 @@ absl::Status Run::LaneLoop() {
   last_report_ = t0_;
   warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
   if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
+  const int threads_n = std::min(o_.concurrency, kLaneThreads);
   std::vector<std::thread> threads;
-  for (int i = 0; i < o_.concurrency; ++i) {
-    threads.emplace_back([&] {
-      for (;;) {
+  for (int t = 0; t < threads_n; ++t) {
+    const int window = o_.concurrency / threads_n + (t < o_.concurrency % threads_n ? 1 : 0);
+    threads.emplace_back([&, window] {
+      struct InFlight {
+        LaneClient::Pending call;
+        int64_t start;
+        uint64_t seq;
+      };
+      std::deque<InFlight> inflight;
+      auto start_one = [&]() -> bool {
         const int64_t start = NowNs();
-        if (!ShouldIssue(start)) return;
+        if (!ShouldIssue(start)) return false;
         inflight_.fetch_add(1, std::memory_order_acq_rel);
         const uint64_t seq = NextSeq();
-        absl::StatusOr<v1::LogitsResponse> r = client->Compute(pool[seq % pool.size()], o_.timeout);
+        absl::StatusOr<LaneClient::Pending> call = lane->Start(pool[seq % pool.size()], absl::Now() + o_.timeout);
+        if (!call.ok()) {
+          const std::string msg(call.status().message());
+          Record(start, NowNs(), seq, static_cast<int>(call.status().code()), ScannedResponse{}, &msg);
+          inflight_.fetch_sub(1, std::memory_order_acq_rel);
+          return true;
+        }
+        inflight.push_back({*call, start, seq});
+        return true;
+      };
+      for (int i = 0; i < window && start_one(); ++i) {
+      }
+      while (!inflight.empty()) {
+        const InFlight f = inflight.front();
+        inflight.pop_front();
+        absl::StatusOr<v1::LogitsResponse> r = lane->Finish(f.call, absl::Now() + o_.timeout, /*copy_logits=*/false);
         const int64_t done = NowNs();
         ScannedResponse sr;
         if (r.ok()) {
@@ -664,12 +690,13 @@ absl::Status Run::LaneLoop() {
                                                   t.gemv_us(), t.epilogue_us(), t.gather_us(),
                                                   t.d2h_us(), t.combine_us(), t.server_us()};
           std::copy(stages, stages + kTimingStages, sr.stage_us);
-          Record(start, done, seq, 0, sr, nullptr);
+          Record(f.start, done, f.seq, 0, sr, nullptr);
         } else {
           const std::string msg(r.status().message());
-          Record(start, done, seq, static_cast<int>(r.status().code()), sr, &msg);
+          Record(f.start, done, f.seq, static_cast<int>(r.status().code()), sr, &msg);
         }
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
+        start_one();
       }
     });
   }
@@ -677,6 +704,7 @@ absl::Status Run::LaneLoop() {
     const int64_t now = NowNs();
     if (now >= end_ns_) stop_.store(true);
     Report(now);
+    if (inflight_.load() == 0 && stop_.load()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   for (std::thread& t : threads) t.join();

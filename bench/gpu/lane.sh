@@ -92,7 +92,8 @@ run_set() {  # TITLE
 if want check; then
   # Its own small server (K=512, 8000 of 8192 rows, tp=1 nccl) so that 50 rounds take seconds.
   echo; echo "## tests/lane_cuda_test.py (REPEAT=${REPEAT:-50})"
-  PYTHONUNBUFFERED=1 timeout 200 python3 tests/lane_cuda_test.py 2>&1 | tail -12
+  PYTHONUNBUFFERED=1 timeout 200 python3 tests/lane_cuda_test.py >"${OUT:-$tmp}/lane_cuda_test.log" 2>&1
+  echo "exit $?"; grep -E "^(test_|Ran |OK|FAILED)|Error|error" "${OUT:-$tmp}/lane_cuda_test.log" | head -30
   stamp check
 fi
 

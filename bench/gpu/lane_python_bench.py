@@ -13,7 +13,7 @@ window). Prints Markdown.
 """
 
 import argparse
-import importlib.util
+import types
 import statistics
 import time
 
@@ -63,10 +63,12 @@ def main():
 
     original = None
     if args.seed_file:
-        spec = importlib.util.spec_from_file_location("seed_head", args.seed_file,
-                                                      loader=importlib.machinery.SourceFileLoader("seed_head", args.seed_file))
-        seed = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(seed)
+        # The seed is kept as text whose first line names where it came from: skip to the code.
+        src = open(args.seed_file).read().split("\n")
+        while src and not src[0].startswith(('"""', "import", "#", "from")):
+            src.pop(0)
+        seed = types.ModuleType("seed_head")
+        exec(compile("\n".join(src), args.seed_file, "exec"), seed.__dict__)
         w = (torch.randn(V, K, device=dev) * 0.02).to(torch.bfloat16)
         twin = seed.make_twin(w)
         del w

@@ -98,6 +98,12 @@ bool LaneClient::Carries(const v1::LogitsRequest& req) {
 }
 
 absl::StatusOr<v1::LogitsResponse> LaneClient::Compute(const v1::LogitsRequest& req, absl::Time deadline) {
+  absl::StatusOr<Pending> call = Start(req, deadline);
+  if (!call.ok()) return call.status();
+  return Finish(*call, deadline);
+}
+
+absl::StatusOr<LaneClient::Pending> LaneClient::Start(const v1::LogitsRequest& req, absl::Time deadline) {
   const lane::LaneRingConfig& cfg = ring_->config();
   if (req.hidden().size() > cfg.hidden_slot_bytes)
     return absl::InvalidArgumentError(absl::StrCat("hidden: ", req.hidden().size(), " bytes exceed the lane's ",
@@ -129,8 +135,15 @@ absl::StatusOr<v1::LogitsResponse> LaneClient::Compute(const v1::LogitsRequest& 
     d.output = Slice(0, ring_->output_area_offset(slot), logits_bytes);
   }
   ring_->Publish(seq, d);
+  return Pending{seq, req.mode(), logits_bytes};
+}
+
+absl::StatusOr<v1::LogitsResponse> LaneClient::Finish(const Pending& call, absl::Time deadline, bool copy_logits) {
+  const lane::LaneRingConfig& cfg = ring_->config();
+  const uint64_t seq = call.seq;
+  const uint32_t slot = static_cast<uint32_t>(seq % ring_->depth());
   const lane::LaneCompletion* c = nullptr;
-  if (lane::LaneError e = ring_->Wait(seq, until, &c); !e.ok()) return FromLane(e);
+  if (lane::LaneError e = ring_->Wait(seq, MonotonicDeadline(deadline), &c); !e.ok()) return FromLane(e);
   v1::LogitsResponse resp;
   absl::Status status;
   if (c->code != 0) {
@@ -146,8 +159,8 @@ absl::StatusOr<v1::LogitsResponse> LaneClient::Compute(const v1::LogitsRequest& 
     t->set_queue_us(tm[0]); t->set_compute_us(tm[1]); t->set_batch_rows(tm[2]); t->set_validate_us(tm[3]);
     t->set_broadcast_us(tm[4]); t->set_h2d_us(tm[5]); t->set_gemv_us(tm[6]); t->set_epilogue_us(tm[7]);
     t->set_gather_us(tm[8]); t->set_d2h_us(tm[9]); t->set_combine_us(tm[10]); t->set_server_us(tm[11]);
-    if (req.mode() == v1::FULL_LOGITS) {
-      resp.set_logits(reinterpret_cast<const char*>(ring_->output_area(slot)), logits_bytes);
+    if (call.mode == v1::FULL_LOGITS) {
+      if (copy_logits) resp.set_logits(reinterpret_cast<const char*>(ring_->output_area(slot)), call.logits_bytes);
     } else {
       const size_t n = size_t{c->rows} * c->k;
       const bool probs = (c->flags & lane::kDoneProbs) != 0;

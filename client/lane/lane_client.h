@@ -43,6 +43,19 @@ class LaneClient {
   // One call. An answer's in-band error is the returned status.
   absl::StatusOr<v1::LogitsResponse> Compute(const v1::LogitsRequest& req, absl::Time deadline);
 
+  // The same in two halves, for a caller keeping several calls in flight from one thread (the load
+  // tester): Start copies the rows in and publishes; Finish waits for that call's answer. Every
+  // started call must be finished (in any order).
+  struct Pending {
+    uint64_t seq = 0;
+    v1::Mode mode = v1::FULL_LOGITS;
+    uint64_t logits_bytes = 0;
+  };
+  absl::StatusOr<Pending> Start(const v1::LogitsRequest& req, absl::Time deadline);
+  // copy_logits = false leaves a FULL_LOGITS answer's logits out of the response (the load tester
+  // measures the transport, as its gRPC path skips the logits bytes without copying them).
+  absl::StatusOr<v1::LogitsResponse> Finish(const Pending& call, absl::Time deadline, bool copy_logits = true);
+
   uint64_t lane_id() const { return lane_id_; }
   const lane::LaneRing& ring() const { return *ring_; }
 

@@ -171,7 +171,10 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq) {
 
 void LaneRing::Publish(uint64_t seq, const LaneRequest& d) {
   LaneRequest* dst = RequestSlot(base_, geo_, depth_, seq);
-  std::memcpy(dst, &d, sizeof d);
+  // Everything but the fence word: a GPU stream may already have written it (stream-ordered calls
+  // fence before they publish), and a stale value there is harmless (it names an older seq).
+  std::memcpy(dst, &d, offsetof(LaneRequest, fence));
+  std::memcpy(dst->reserved, d.reserved, sizeof d.reserved);
   dst->seq = seq;
   std::lock_guard<std::mutex> l(mu_);
   // Descriptors become visible in submission order: sq_tail moves past every filled slot.

@@ -65,6 +65,7 @@ class LaneManager::Lane {
   std::unique_ptr<std::atomic<uint8_t>[]> in_flight;  // per slot: an answer is being prepared
   std::atomic<bool> stop{false};     // the thread should return (Close)
   std::atomic<bool> closing{false};  // queued requests are cancelled
+  std::atomic<int> outstanding{0};   // submitted, not yet answered
   std::thread thread;
 
   ~Lane() {
@@ -148,7 +149,8 @@ absl::Status WatchCaller(int pid, LaneManager::Lane* lane) {
 }
 
 // Writes submission n's answer into its completion slot and rings the caller's doorbell.
-void Publish(LaneManager::Lane& lane, uint64_t n, LaneCompletion* c, uint64_t* doorbells) {
+void Publish(LaneManager::Lane& lane, uint64_t n, LaneCompletion* c, uint64_t* doorbells, bool submitted) {
+  if (submitted) lane.outstanding.fetch_sub(1, std::memory_order_acq_rel);
   c->done_seq.store(n + 1, std::memory_order_release);
   lane.in_flight[n % lane.depth].store(0, std::memory_order_release);
   lane.hdr->cq_count.fetch_add(1, std::memory_order_release);
@@ -321,7 +323,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
     counters_->bad.fetch_add(1, std::memory_order_relaxed);
     FillStatus(c, s);
     uint64_t rang = 0;
-    Publish(*lane, n, c, &rang);
+    Publish(*lane, n, c, &rang, /*submitted=*/false);
     counters_->doorbells.fetch_add(rang, std::memory_order_relaxed);
   };
   if (!fence.ok()) return refuse(fence);
@@ -340,7 +342,11 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
   if (parsed->timeout_us > 0) call.deadline = Clock::now() + std::chrono::microseconds(parsed->timeout_us);
   Lane* raw = lane.get();
   call.cancelled = [raw] { return raw->closing.load(std::memory_order_relaxed); };
-  call.may_run_inline = last;  // nothing else waits in this lane: run it here if the engine is idle
+  // Run it on this thread (when the engine is idle) only if nothing else of this lane waits or is
+  // being answered: a caller with many requests in flight wants them batched, not taken one by
+  // one while its ring fills behind a lane thread busy computing.
+  call.may_run_inline = last && lane->outstanding.load(std::memory_order_acquire) == 0;
+  lane->outstanding.fetch_add(1, std::memory_order_acq_rel);
   const std::string tokens_region = parsed->tokens_region;
   const uint64_t tokens_offset = parsed->tokens_offset;
   auto counters = counters_;
@@ -392,7 +398,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
               FillStatus(c, st);
             }
             uint64_t rang = 0;
-            Publish(*lane, n, c, &rang);
+            Publish(*lane, n, c, &rang, /*submitted=*/true);
             counters->doorbells.fetch_add(rang, std::memory_order_relaxed);
           });
 }
