@@ -47,7 +47,7 @@ PA=$OUT/src/perf_analyzer/src
 COMMON=$OUT/src/common
 
 # Stubs from Triton's own protocol files, with Debian's protoc and gRPC plugin.
-protoc -I "$COMMON/protobuf" --cpp_out="$OUT/gen" --grpc_out="$OUT/gen" \
+[[ -f "$OUT/gen/health.grpc.pb.cc" ]] || protoc -I "$COMMON/protobuf" --cpp_out="$OUT/gen" --grpc_out="$OUT/gen" \
   --plugin=protoc-gen-grpc="$(command -v grpc_cpp_plugin)" \
   "$COMMON/protobuf/grpc_service.proto" "$COMMON/protobuf/model_config.proto" "$COMMON/protobuf/health.proto"
 

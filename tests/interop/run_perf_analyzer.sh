@@ -21,7 +21,7 @@ pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 "$cli" info --target=$target --wait=900 >"$report/info.txt"
 
-python3 - "$report/input.json" <<'PY'
+/usr/bin/python3 - "$report/input.json" <<'PY'
 import base64, json, sys
 import numpy as np
 x = np.random.default_rng(20).standard_normal((5, 5120)).astype(np.float32)
@@ -55,7 +55,7 @@ for call in unary stream; do
       --duration="${LOAD_SECONDS:-8}s" --warmup=1s --quiet --json="$report/load_${call}_$c.json" "${extra[@]}"
   done
 done
-python3 - "$report" <<'PY'
+/usr/bin/python3 - "$report" <<'PY'
 import json, sys, os
 d = sys.argv[1]
 print("| drafthead-client load --protocol=kserve | concurrency | requests/s | p50 ms | p99 ms | queue p50 us | compute p50 us |")
