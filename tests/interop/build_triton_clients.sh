@@ -31,7 +31,8 @@ repo_dir() {  # name -> git dir
   done
   echo "no $1 under $SRC" >&2; exit 1
 }
-# Only the paths used (a mirror may lack large files elsewhere in the tree).
+# Only the paths used (a mirror may lack large files elsewhere in the tree; git archive then still
+# prints "invalid object" for them, exits 0 and writes the paths asked for).
 declare -A paths=([client]="src/c++/library src/python/library" [common]="protobuf include" [perf_analyzer]="src")
 for name in client common perf_analyzer; do
   if [[ ! -d "$OUT/src/$name" ]]; then
