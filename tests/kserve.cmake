@@ -3,6 +3,8 @@
 # the real server from two independent clients: Node's @grpc/grpc-js (installed from npm into the
 # build tree on first use; skipped only if that fails) and Python's grpcio, each reading
 # proto/inference/grpc_service.proto. Each starts its own server (CPU, tp=2, tiny shapes).
+# kserve_client_habits_test replays the wire habits of perf_analyzer / Triton's C++ client, the
+# KServe SDK and tritonclient (issue 20) from grpcio against a tp=3 server.
 drafthead_add_test(kserve_translate_test SOURCES kserve_translate_test.cc LIBS drafthead_api TIMEOUT 60)
 drafthead_add_test(kserve_queue_test SOURCES kserve_queue_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 120)
 
@@ -14,4 +16,7 @@ if(DRAFTHEAD_PYTHON)
   add_test(NAME kserve_python_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_python_test.py)
   set_tests_properties(kserve_python_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" ENVIRONMENT
     "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN};DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  add_test(NAME kserve_client_habits_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_client_habits_test.py)
+  set_tests_properties(kserve_client_habits_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" ENVIRONMENT
+    "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN};DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}")
 endif()

@@ -150,7 +150,7 @@ async function main() {
     // ---- metadata and configuration.
     const sm = await ok(kserve, 'ServerMetadata', {});
     assert.equal(sm.name, 'drafthead');
-    assert.deepEqual(sm.extensions, ['model_configuration', 'parameters']);
+    assert.deepEqual(sm.extensions, ['model_configuration', 'parameters', 'statistics']);
     const mm = await ok(kserve, 'ModelMetadata', {name: 'drafthead'});
     assert.deepEqual(mm.versions, ['1']);
     assert.deepEqual(mm.inputs, [{name: 'hidden', datatype: 'BF16', shape: ['-1', String(K)]}]);

@@ -180,7 +180,7 @@ class KServePythonTest(unittest.TestCase):
         """Triton's shared-memory extension on the server's one region registry: the input and every
         output through a POSIX region, equal to the inline answers; the native API sees the region."""
         meta = self.kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
-        self.assertEqual(list(meta.extensions), ["model_configuration", "parameters", "system_shared_memory"])
+        self.assertEqual(list(meta.extensions), ["model_configuration", "parameters", "statistics", "system_shared_memory"])
         seg = shared_memory.SharedMemory(create=True, size=1 << 20)
         try:
             base, size = 4096, 512 * 1024  # the region is [4096, 4096 + 512 KiB) of the object
@@ -235,7 +235,7 @@ class KServePythonTest(unittest.TestCase):
                 "token_ids: shared_memory_region: no region named 'nope'", grpc.StatusCode.NOT_FOUND)
             bad(lambda r: (place(r.inputs[0].parameters, 64, len(x), "nope"), r.ClearField("raw_input_contents")),
                 "hidden: shared_memory_region: no region named 'nope'", grpc.StatusCode.NOT_FOUND)
-            bad(lambda r: place(r.inputs[0].parameters, 64, len(x)), "hidden: its bytes are in a shared-memory region")
+            bad(lambda r: place(r.inputs[0].parameters, 64, len(x)), "hidden: its values come from more than one of shared memory (set)")
             with self.assertRaises(grpc.RpcError) as e:
                 self.kserve.SystemSharedMemoryRegister(kpb.SystemSharedMemoryRegisterRequest(
                     name="io", key="/" + seg.name, byte_size=64), timeout=TIMEOUT)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "server/api/kserve_translate.h"
 
@@ -115,11 +116,8 @@ TEST(KServeTranslateTest, RefusesByName) {
   r.mutable_raw_input_contents(0)->pop_back();
   ExpectBad(r, "hidden: raw_input_contents[0] holds 31 bytes");
   r = Request();
-  r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1.f);
-  ExpectBad(r, "hidden: typed contents");
-  r = Request();
-  (*r.mutable_inputs(0)->mutable_parameters())["binary_data_size"].set_int64_param(32);
-  ExpectBad(r, "hidden: unknown tensor parameter 'binary_data_size'");
+  (*r.mutable_inputs(0)->mutable_parameters())["colour"].set_int64_param(32);
+  ExpectBad(r, "hidden: unknown tensor parameter 'colour'");
   r = Request();
   r.add_inputs()->set_name("mask");
   ExpectBad(r, "inputs: want exactly one input tensor");
@@ -138,6 +136,143 @@ TEST(KServeTranslateTest, RefusesByName) {
   (*r.mutable_parameters())["zz"].set_bool_param(true);
   (*r.mutable_parameters())["mode"].set_string_param("beam");
   ExpectBad(r, "mode: unknown value 'beam' (one of full_logits, top_k, argmax, sample)");
+}
+
+// What perf_analyzer (Triton's C++ client: triton_enable_empty_final_response on every request,
+// sequence_* when asked) and tritonclient send: Triton's reserved names with Triton's types are
+// accepted; a wrong type, another triton_* name or an unknown name is refused, naming it.
+TEST(KServeTranslateTest, TritonReservedParameters) {
+  auto r = Request();
+  auto& p = *r.mutable_parameters();
+  p["triton_enable_empty_final_response"].set_bool_param(true);
+  p["sequence_id"].set_int64_param(7);
+  p["sequence_start"].set_bool_param(true);
+  p["sequence_end"].set_bool_param(false);
+  p["headers"].set_string_param("x-trace: 1");
+  p["binary_data_output"].set_bool_param(true);
+  p["priority"].set_int64_param(0);
+  p["mode"].set_string_param("argmax");
+  auto t = TranslateRequest(r, Model());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->native.mode(), v1::ARGMAX);
+  EXPECT_TRUE(WantsFinalResponseFlag(r));
+  p["sequence_id"].set_string_param("corr-1");
+  EXPECT_TRUE(TranslateRequest(r, Model()).ok());
+  p["triton_enable_empty_final_response"].set_bool_param(false);
+  EXPECT_FALSE(WantsFinalResponseFlag(r));
+  EXPECT_TRUE(TranslateRequest(r, Model()).ok());
+
+  p["triton_enable_empty_final_response"].set_int64_param(1);
+  ExpectBad(r, "triton_enable_empty_final_response: want a bool_param, got int64_param");
+  EXPECT_FALSE(WantsFinalResponseFlag(r));
+  p["triton_enable_empty_final_response"].set_bool_param(true);
+  p["sequence_start"].set_string_param("yes");
+  ExpectBad(r, "sequence_start: want a bool_param");
+  p["sequence_start"].set_bool_param(true);
+  p["sequence_id"].set_double_param(1);
+  ExpectBad(r, "sequence_id: want an int64_param or string_param");
+  p["sequence_id"].set_int64_param(1);
+  p["triton_other"].set_bool_param(true);
+  ExpectBad(r, "parameters: 'triton_other': names starting with 'triton_' are reserved");
+  p.erase("triton_other");
+  p["topk"].set_int64_param(3);  // a typo is not ignored
+  ExpectBad(r, "parameters: unknown parameter 'topk'");
+  p.erase("topk");
+  p["mode"].set_bool_param(true);  // drafthead's own names keep their types
+  ExpectBad(r, "mode: want a string_param, got bool_param");
+}
+
+// The KServe SDK's set_data_from_numpy sends binary_data_size beside the raw bytes; requested
+// outputs may carry binary_data. Taken as Triton's gRPC endpoint takes them: no effect.
+TEST(KServeTranslateTest, BinaryDataTensorParameters) {
+  auto r = Request(2);
+  (*r.mutable_inputs(0)->mutable_parameters())["binary_data_size"].set_int64_param(32);
+  auto* o = r.add_outputs();
+  o->set_name("logits");
+  (*o->mutable_parameters())["binary_data"].set_bool_param(true);
+  auto t = TranslateRequest(r, Model());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->native.hidden(), r.raw_input_contents(0));
+  EXPECT_FALSE(t->native.has_hidden_region());
+  EXPECT_FALSE(t->native.has_logits_region());
+  (*r.mutable_inputs(0)->mutable_parameters())["binary_data_size"].set_string_param("32");
+  ExpectBad(r, "hidden: binary_data_size: want an int64_param or uint64_param");
+  r = Request(2);
+  o = r.add_outputs();
+  o->set_name("logits");
+  (*o->mutable_parameters())["binary_data"].set_int64_param(1);
+  ExpectBad(r, "logits: binary_data: want a bool_param");
+  r = Request(2);
+  (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_offset"].set_int64_param(0);
+  ExpectBad(r, "hidden: shared memory needs both");
+}
+
+// Typed contents (the KServe SDK's list path): FP32 values in fp32_contents are read as the same
+// values' raw bytes would be; two sources for one input are refused, as Triton refuses them.
+TEST(KServeTranslateTest, TypedContents) {
+  auto raw = Request(2, "FP32");
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[i] = 0.25f * i - 1.5f;
+  raw.set_raw_input_contents(0, std::string(reinterpret_cast<const char*>(x.data()), x.size() * 4));
+  auto typed = raw;
+  typed.clear_raw_input_contents();
+  for (float v : x) typed.mutable_inputs(0)->mutable_contents()->add_fp32_contents(v);
+  auto a = TranslateRequest(raw, Model());
+  auto b = TranslateRequest(typed, Model());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->native.SerializeAsString(), b->native.SerializeAsString());
+
+  auto both = typed;
+  both.add_raw_input_contents(raw.raw_input_contents(0));
+  ExpectBad(both, "hidden: its values come from more than one of shared memory (unset), contents (set)");
+  auto short_typed = typed;
+  short_typed.mutable_inputs(0)->mutable_contents()->mutable_fp32_contents()->RemoveLast();
+  ExpectBad(short_typed, "hidden: contents.fp32_contents holds 15 values; shape [2, 8] is 16");
+  auto ints = typed;
+  ints.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
+  ExpectBad(ints, "hidden: contents.int_contents is set");
+  auto bf16 = Request(2, "BF16");
+  bf16.clear_raw_input_contents();
+  bf16.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1.f);
+  ExpectBad(bf16, "hidden: BF16 has no typed contents field");
+  auto shm = typed;
+  (*shm.mutable_inputs(0)->mutable_parameters())["shared_memory_region"].set_string_param("in");
+  (*shm.mutable_inputs(0)->mutable_parameters())["shared_memory_byte_size"].set_int64_param(64);
+  ExpectBad(shm, "hidden: its values come from more than one of shared memory (set), contents (set)");
+}
+
+TEST(KServeTranslateTest, Statistics) {
+  InferenceStats s;
+  s.last_inference_ms = 1234;
+  s.inference_count = 3;
+  s.execution_count = 2;
+  s.success = {3, 3000};
+  s.fail = {1, 10};
+  s.queue = {3, 300};
+  s.compute.input = {3, 30};
+  s.compute.infer = {3, 2000};
+  s.compute.output = {3, 40};
+  s.batches[2].infer = {1, 900};
+  s.batches[1].infer = {1, 500};
+  const auto m = ModelStatistics(Model(), s);
+  EXPECT_EQ(m.name(), "head");
+  EXPECT_EQ(m.version(), "1");
+  EXPECT_EQ(m.last_inference(), 1234u);
+  EXPECT_EQ(m.inference_count(), 3u);
+  EXPECT_EQ(m.execution_count(), 2u);
+  EXPECT_EQ(m.inference_stats().success().ns(), 3000u);
+  EXPECT_EQ(m.inference_stats().fail().count(), 1u);
+  EXPECT_EQ(m.inference_stats().queue().ns(), 300u);
+  EXPECT_EQ(m.inference_stats().compute_infer().ns(), 2000u);
+  ASSERT_EQ(m.batch_stats_size(), 2);
+  EXPECT_EQ(m.batch_stats(0).batch_size(), 1u);
+  EXPECT_EQ(m.batch_stats(1).compute_infer().ns(), 900u);
+  const auto index = RepositoryIndex(Model(), /*serving=*/false, /*ready_only=*/false);
+  ASSERT_EQ(index.models_size(), 1);
+  EXPECT_EQ(index.models(0).state(), "LOADING");
+  EXPECT_EQ(RepositoryIndex(Model(), false, true).models_size(), 0);
+  EXPECT_EQ(RepositoryIndex(Model(), true, true).models(0).state(), "READY");
 }
 
 void Place(google::protobuf::Map<std::string, inference::InferParameter>* p, const std::string& region,
@@ -176,7 +311,8 @@ TEST(KServeTranslateTest, SharedMemoryBecomesNativeRegionsOrKServeWrites) {
 
   r = Request(2);
   Place(r.mutable_inputs(0)->mutable_parameters(), "in", 0, 32);
-  ExpectBad(r, "hidden: its bytes are in a shared-memory region");  // and in raw_input_contents
+  ExpectBad(r, "hidden: its values come from more than one of shared memory (set), contents (unset) and "
+               "raw_input_contents (1 entries)");
   r = Request(2);
   r.clear_raw_input_contents();
   Place(r.mutable_inputs(0)->mutable_parameters(), "in", 0, 30);

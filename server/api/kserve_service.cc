@@ -19,8 +19,9 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
-std::vector<std::string> Extensions(const regions::RegionRegistry* regions) {
+std::vector<std::string> Extensions(const regions::RegionRegistry* regions, const Metrics* metrics) {
   std::vector<std::string> e = {"model_configuration", "parameters"};
+  if (metrics != nullptr) e.push_back("statistics");  // listed only where the counts are kept
   if (regions != nullptr)
     for (std::string& kind : kserve::SharedMemoryExtensions(*regions)) e.push_back(std::move(kind));
   return e;
@@ -42,7 +43,7 @@ KServeService::KServeService(DraftHeadService& native, const HealthService& heal
       health_(health),
       model_(std::move(model)),
       regions_(regions),
-      extensions_(Extensions(regions)) {}
+      extensions_(Extensions(regions, native.metrics())) {}
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(grpc::CallbackServerContext* ctx,
                                                     const inference::ServerLiveRequest*,
@@ -89,6 +90,27 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
   return Answer(ctx, s);
 }
 
+grpc::ServerUnaryReactor* KServeService::ModelStatistics(grpc::CallbackServerContext* ctx,
+                                                         const inference::ModelStatisticsRequest* req,
+                                                         inference::ModelStatisticsResponse* resp) {
+  const Metrics* metrics = native_.metrics();
+  if (metrics == nullptr) return Answer(ctx, absl::UnimplementedError("statistics are not kept by this server"));
+  if (!req->name().empty()) {
+    if (absl::Status s = kserve::CheckModel(model_, req->name(), req->version()); !s.ok()) return Answer(ctx, s);
+  } else if (!req->version().empty() && req->version() != kserve::kModelVersion) {
+    return Answer(ctx, kserve::CheckModel(model_, model_.name, req->version()));
+  }
+  *resp->add_model_stats() = kserve::ModelStatistics(model_, metrics->inference_stats());
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                                         const inference::RepositoryIndexRequest* req,
+                                                         inference::RepositoryIndexResponse* resp) {
+  *resp = kserve::RepositoryIndex(model_, health_.serving(), req->ready());
+  return Answer(ctx, absl::OkStatus());
+}
+
 void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
                           const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline) {
@@ -123,11 +145,14 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
 }
 
 // One stream: requests are read continuously and submitted as they come (so they batch with each
-// other and with everyone else's); answers are queued as they complete and written one at a time.
+// other and with everyone else's); each gets a slot in `answers_` at read time, in request order,
+// filled when it completes (a refused one at once), and slots are written from the front only when
+// filled: answers go out strictly in request order, as Triton answers a non-decoupled model's stream.
 // Backpressure as StreamLogits has it (stream_budget.h, the native service's budget): answers
-// waiting to be written count against the stream's and the server's bytes, and a caller that reads
-// nothing is cancelled. An answer still in compute holds its expected size
-// (ExpectedAnswerBytes of the translated request, reserved as Infer admits it).
+// waiting to be written (filled slots, also those behind an earlier one still in compute) count
+// against the stream's and the server's bytes, and a caller that reads nothing is cancelled. An
+// answer still in compute holds its expected size (ExpectedAnswerBytes of the translated request,
+// reserved as Infer admits it). At most kMaxInFlight slots: the same bound as before the ordering.
 class KServeService::StreamReactor
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
@@ -151,8 +176,11 @@ class KServeService::StreamReactor
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
     inference::ModelInferRequest req = std::move(req_);
     std::string id = req.id();
+    const bool final_flag = kserve::WantsFinalResponseFlag(req);
+    uint64_t seq;
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {  // never finishes: this request is unanswered
-      ++unanswered_;
+      seq = next_seq_++;
+      answers_.emplace_back();  // its slot, in request order
       flow_.reading = false;
     });
     // Reserved on admission; a request refused before it stays 0 (its answer is an error text).
@@ -163,19 +191,22 @@ class KServeService::StreamReactor
     };
     svc_->Infer(
         ctx_, std::move(req),
-        [this, reserved, id = std::move(id)](const absl::Status& s, inference::ModelInferResponse* r) {
+        [this, reserved, seq, final_flag, id = std::move(id)](const absl::Status& s,
+                                                              inference::ModelInferResponse* r) {
           auto answer = std::make_unique<inference::ModelStreamInferResponse>();
+          auto* resp = answer->mutable_infer_response();
           if (s.ok() && r != nullptr) {
-            answer->mutable_infer_response()->Swap(r);
+            resp->Swap(r);
           } else {
             answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
-            auto* echo = answer->mutable_infer_response();
-            echo->set_model_name(svc_->model_.name);
-            echo->set_model_version(kserve::kModelVersion);
-            echo->set_id(id);
+            resp->set_model_name(svc_->model_.name);
+            resp->set_model_version(kserve::kModelVersion);
+            resp->set_id(id);
           }
+          // Every answer is its request's last (the model is not decoupled), so no empty one follows.
+          if (final_flag) (*resp->mutable_parameters())["triton_final_response"].set_bool_param(true);
           account_.Settle(*reserved, answer->ByteSizeLong());
-          Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
+          Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_[seq - first_seq_] = std::move(answer); });
         },
         admitted, /*may_run_inline=*/true);
   }
@@ -184,9 +215,7 @@ class KServeService::StreamReactor
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       flow_.writing = false;
       account_.WriteDone();
-      account_.Release(answers_.front()->ByteSizeLong());
-      answers_.pop_front();
-      --unanswered_;
+      PopFrontLocked();
       if (!ok) flow_.broken = true;
     });
   }
@@ -207,33 +236,37 @@ class KServeService::StreamReactor
     if (finish) Finish(grpc::Status::OK);
   }
 
+  void PopFrontLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    account_.Release(answers_.front()->ByteSizeLong());
+    answers_.pop_front();
+    ++first_seq_;
+  }
+
   bool PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!flow_.writing && !answers_.empty()) {
-      if (flow_.broken) {
-        // The client is gone: drop answers nobody can read.
-        for (const auto& a : answers_) account_.Release(a->ByteSizeLong());
-        unanswered_ -= answers_.size();
-        answers_.clear();
-      } else {
-        flow_.writing = true;
-        account_.WriteStarted();
-        StartWrite(answers_.front().get());
-      }
+    if (!flow_.writing && flow_.broken) {
+      // The client is gone: drop the answers nobody can read, in order as they fill.
+      while (!answers_.empty() && answers_.front() != nullptr) PopFrontLocked();
+    } else if (!flow_.writing && !answers_.empty() && answers_.front() != nullptr) {
+      flow_.writing = true;
+      account_.WriteStarted();
+      StartWrite(answers_.front().get());
     }
-    if (flow_.MayRead(unanswered_, kMaxInFlight, account_)) {
+    if (flow_.MayRead(answers_.size(), kMaxInFlight, account_)) {
       flow_.reading = true;
       StartRead(&req_);
     }
-    return flow_.Finishing(unanswered_);
+    return flow_.Finishing(answers_.size());
   }
 
   KServeService* svc_;
   grpc::CallbackServerContext* ctx_;
   inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
-  // Completed answers, oldest first; the front one is being written while flow_.writing.
+  // One slot per request read and not yet written (or dropped), in request order; null until its
+  // answer is ready. The front one is being written while flow_.writing.
   std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> answers_ ABSL_GUARDED_BY(mu_);
-  size_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // read, not yet written (or dropped)
+  uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the request number of answers_.front()
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;   // the next request read gets this number
   StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };

@@ -58,11 +58,23 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const inference::ModelInferRequest* req,
                                        inference::ModelInferResponse* resp) override;
-  // Answers are written as requests complete (as Triton does), each carrying its request's id; a
-  // stream's valid requests complete in order (the queue is FIFO), a refused one is answered at
-  // once, in-band: error_message "CODE: field: why", infer_response with the id. The stream goes on.
+  // Answers strictly in request order (as Triton answers a non-decoupled model's stream), each
+  // carrying its request's id; a refused one in-band, in its place: error_message
+  // "CODE: field: why", infer_response with the id. The stream goes on. A request with
+  // triton_enable_empty_final_response = true gets triton_final_response = true on its answer (its
+  // only one: no empty final answer follows, as in Triton for a non-decoupled model).
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
+
+  // Triton's statistics extension: the model's counts since start, every request through either
+  // API (Metrics::inference_stats). `name` empty: every model (the one); unknown: NOT_FOUND.
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* ctx,
+                                            const inference::ModelStatisticsRequest* req,
+                                            inference::ModelStatisticsResponse* resp) override;
+  // The one model and its state; load / unload are not served (not listed in extensions).
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const inference::RepositoryIndexRequest* req,
+                                            inference::RepositoryIndexResponse* resp) override;
 
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext* ctx,
                                                        const inference::SystemSharedMemoryRegisterRequest* req,

@@ -87,7 +87,10 @@ absl::Status RegisterCuda(RegionRegistry& registry, const inference::CudaSharedM
 
 absl::Status Unregister(RegionRegistry& registry, const std::string& name, RegionKind kind) {
   DH_RETURN_IF_ERROR(registry.CheckEnabled(kind));
-  return registry.Unregister(name, kind);
+  const absl::Status s = registry.Unregister(name, kind);
+  // Triton answers OK for a name it does not hold (tritonclient unregisters on clean-up, whether or
+  // not it registered); the native UnregisterRegion keeps NOT_FOUND.
+  return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
 absl::StatusOr<inference::SystemSharedMemoryStatusResponse> SystemStatus(const RegionRegistry& registry,

@@ -8,7 +8,7 @@
 //
 // Threads: as the registry (every function is thread-safe). Failure: the registry's codes
 // (FAILED_PRECONDITION when a kind is off, naming --shared-memory; NOT_FOUND for an unknown
-// region; ALREADY_EXISTS for a taken name; INVALID_ARGUMENT for a bad key, handle, slice or size),
+// region named by a tensor or a Status call, while Unregister of one is OK as in Triton; ALREADY_EXISTS for a taken name; INVALID_ARGUMENT for a bad key, handle, slice or size),
 // with the registry's field names restated as the protocol's (key, raw_handle, device_id) and a
 // tensor's slice errors prefixed with the tensor.
 #pragma once
@@ -33,7 +33,8 @@ absl::Status RegisterSystem(regions::RegionRegistry& registry,
 // others by PCI bus id through the native API): any other device_id is INVALID_ARGUMENT.
 absl::Status RegisterCuda(regions::RegionRegistry& registry,
                           const inference::CudaSharedMemoryRegisterRequest& req);
-// `name` empty: every region of that kind.
+// `name` empty: every region of that kind. A name not registered (as that kind) is OK, nothing
+// done, as in Triton; only a kind that is off is an error (FAILED_PRECONDITION).
 absl::Status Unregister(regions::RegionRegistry& registry, const std::string& name,
                         regions::RegionKind kind);
 absl::StatusOr<inference::SystemSharedMemoryStatusResponse> SystemStatus(

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -20,7 +21,10 @@ using inference::InferParameter;
 constexpr char kInput[] = "hidden";
 constexpr const char* kOutputs[] = {"logits", "token_ids", "values", "probs"};
 constexpr char kKnownParameters[] =
-    "mode, top_k, return_probs, temperature, seed, head, logits_dtype, priority, timeout";
+    "mode, top_k, return_probs, temperature, seed, head, logits_dtype; Triton's reserved: priority, timeout, "
+    "sequence_id, sequence_start, sequence_end, headers, binary_data_output, "
+    "triton_enable_empty_final_response";
+constexpr char kEnableFinalResponse[] = "triton_enable_empty_final_response";
 
 absl::Status Bad(absl::string_view what, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
@@ -112,19 +116,44 @@ absl::Status ApplyParameter(const std::string& name, const InferParameter& p,
     auto us = Unsigned(name, p);
     if (!us.ok()) return us.status();
     t->timeout_us = *us;
+  } else if (name == kEnableFinalResponse || name == "sequence_start" || name == "sequence_end" ||
+             name == "binary_data_output") {
+    // Triton's bools. perf_analyzer (Triton's C++ client) sends triton_enable_empty_final_response
+    // on every request; the stream reads it (WantsFinalResponseFlag). A model without a sequence
+    // batcher ignores the sequence flags; binary_data_output is HTTP's (gRPC outputs are raw).
+    if (p.parameter_choice_case() != InferParameter::kBoolParam) return WrongKind(name, p, "a bool_param");
+  } else if (name == "sequence_id") {
+    // Triton: int64 or string correlation id, ignored by a model that is not a sequence model.
+    if (p.parameter_choice_case() != InferParameter::kInt64Param &&
+        p.parameter_choice_case() != InferParameter::kStringParam)
+      return WrongKind(name, p, "an int64_param or string_param");
+  } else if (name == "headers") {
+    // Reserved by Triton for forwarded HTTP / gRPC headers; a generic parameter's types there.
+    if (p.parameter_choice_case() != InferParameter::kStringParam &&
+        p.parameter_choice_case() != InferParameter::kInt64Param &&
+        p.parameter_choice_case() != InferParameter::kBoolParam)
+      return WrongKind(name, p, "a string_param, int64_param or bool_param");
+  } else if (absl::StartsWith(name, "triton_")) {
+    // As Triton: the prefix is reserved, and only the names it knows are allowed.
+    return Bad("parameters", absl::StrCat("'", name, "': names starting with 'triton_' are reserved; the one "
+                                          "allowed is ", kEnableFinalResponse));
   } else {
+    // Triton hands unknown names to the backend; drafthead has no backend parameters, and a typo
+    // ("topk") silently ignored would answer another mode: refused, naming it.
     return Bad("parameters", absl::StrCat("unknown parameter '", name, "' (known: ", kKnownParameters, ")"));
   }
   return absl::OkStatus();
 }
 
-// A tensor's parameters: none, or Triton's shared-memory placement (region and byte size, an
-// optional offset); anything else is refused, naming the tensor.
-absl::StatusOr<std::optional<SharedMemorySlice>> ParseSharedMemory(
+// A tensor's parameters: Triton's shared-memory placement (region and byte size, an optional
+// offset), and the ones Triton's clients send that change nothing over gRPC: binary_data_size
+// (KServe's SDK, the size of the raw bytes, which are checked against the shape anyway),
+// binary_data and binary_data_output (HTTP's choice of binary outputs). Anything else is refused,
+// naming the tensor.
+absl::StatusOr<std::optional<SharedMemorySlice>> ParseTensorParameters(
     const std::string& tensor, const google::protobuf::Map<std::string, InferParameter>& params) {
-  if (params.empty()) return std::nullopt;
   SharedMemorySlice slice;
-  bool has_region = false, has_size = false;
+  bool has_region = false, has_size = false, has_offset = false;
   for (const auto& [name, p] : params) {
     const std::string what = absl::StrCat(tensor, ": ", name);
     if (name == "shared_memory_region") {
@@ -136,10 +165,16 @@ absl::StatusOr<std::optional<SharedMemorySlice>> ParseSharedMemory(
       if (!v.ok()) return v.status();
       (name == "shared_memory_offset" ? slice.offset : slice.byte_size) = *v;
       has_size |= name == "shared_memory_byte_size";
+      has_offset |= name == "shared_memory_offset";
+    } else if (name == "binary_data_size") {
+      if (auto v = Unsigned(what, p); !v.ok()) return v.status();
+    } else if (name == "binary_data" || name == "binary_data_output") {
+      if (p.parameter_choice_case() != InferParameter::kBoolParam) return WrongKind(what, p, "a bool_param");
     } else {
       return Bad(tensor, absl::StrCat("unknown tensor parameter '", name, "'"));
     }
   }
+  if (!has_region && !has_size && !has_offset) return std::nullopt;
   if (!has_region || !has_size)
     return Bad(tensor, "shared memory needs both shared_memory_region and shared_memory_byte_size");
   return slice;
@@ -150,6 +185,34 @@ void SetSlice(const SharedMemorySlice& slice, uint64_t bytes, v1::RegionSlice* o
   out->set_region(slice.region);
   out->set_offset(slice.offset);
   out->set_byte_size(bytes);
+}
+
+template <typename T>
+std::string RawBytes(const google::protobuf::RepeatedField<T>& values) {
+  // Little-endian on every platform drafthead builds for, as the protocol's raw contents are.
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+// Typed contents of the input: FP32 reads fp32_contents, as raw little-endian bytes would be read
+// (the same native validation follows). BF16 has no typed field in the protocol.
+absl::Status TypedContents(const inference::ModelInferRequest::InferInputTensor& in, size_t values,
+                           v1::LogitsRequest* r) {
+  const inference::InferTensorContents& c = in.contents();
+  const std::pair<const char*, int> others[] = {
+      {"bool_contents", c.bool_contents_size()},     {"int_contents", c.int_contents_size()},
+      {"int64_contents", c.int64_contents_size()},   {"uint_contents", c.uint_contents_size()},
+      {"uint64_contents", c.uint64_contents_size()}, {"fp64_contents", c.fp64_contents_size()},
+      {"bytes_contents", c.bytes_contents_size()}};
+  if (in.datatype() != "FP32")
+    return Bad(kInput, "BF16 has no typed contents field in the protocol: send raw_input_contents");
+  for (const auto& [field, n] : others)
+    if (n > 0)
+      return Bad(kInput, absl::StrCat("contents.", field, " is set: FP32 values are read from contents.fp32_contents"));
+  if (static_cast<size_t>(c.fp32_contents_size()) != values)
+    return Bad(kInput, absl::StrCat("contents.fp32_contents holds ", c.fp32_contents_size(), " values; shape [",
+                                    in.shape(0), ", ", in.shape(1), "] is ", values));
+  r->set_hidden(RawBytes(c.fp32_contents()));
+  return absl::OkStatus();
 }
 
 // The bytes the request's mode makes of output `name` (0: the mode does not make it).
@@ -185,22 +248,27 @@ absl::Status TranslateInput(inference::ModelInferRequest& req, const ModelDescri
       in.shape(0) > model.max_rows)
     return Bad(kInput, absl::StrCat("shape [", absl::StrJoin(in.shape(), ", "), "]: want [rows, ",
                                     model.hidden_size, "] with rows in 1..", model.max_rows));
-  if (in.has_contents())
-    return Bad(kInput, "typed contents are not read: send the bytes in raw_input_contents");
-  auto shm = ParseSharedMemory(kInput, in.parameters());
+  auto shm = ParseTensorParameters(kInput, in.parameters());
   if (!shm.ok()) return shm.status();
-  const size_t want = static_cast<size_t>(in.shape(0)) * model.hidden_size * esize;
+  const size_t values = static_cast<size_t>(in.shape(0)) * model.hidden_size;
+  const size_t want = values * esize;
   const std::string tensor_bytes = absl::StrCat("shape [", in.shape(0), ", ", model.hidden_size,
                                                 "] of ", in.datatype(), " is ", want, " bytes");
   r->set_rows(static_cast<uint32_t>(in.shape(0)));
+  // One source of bytes: a region, typed contents or raw_input_contents (Triton refuses two).
+  const int sources = int{shm->has_value()} + int{in.has_contents()} + int{req.raw_input_contents_size() != 0};
+  if (sources > 1)
+    return Bad(kInput, absl::StrCat("its values come from more than one of shared memory (",
+                                    shm->has_value() ? "set" : "unset", "), contents (",
+                                    in.has_contents() ? "set" : "unset", ") and raw_input_contents (",
+                                    req.raw_input_contents_size(), " entries): send one"));
   if (shm->has_value()) {
-    if (req.raw_input_contents_size() != 0)
-      return Bad(kInput, "its bytes are in a shared-memory region: raw_input_contents must be empty");
     if ((*shm)->byte_size != want)
       return Bad(kInput, absl::StrCat("shared_memory_byte_size ", (*shm)->byte_size, "; ", tensor_bytes));
     SetSlice(**shm, want, r->mutable_hidden_region());
     return absl::OkStatus();
   }
+  if (in.has_contents()) return TypedContents(in, values, r);
   if (req.raw_input_contents_size() != 1)
     return Bad(kInput, absl::StrCat("want its bytes in raw_input_contents[0], the one entry; got ",
                                     req.raw_input_contents_size(), " entries"));
@@ -219,7 +287,7 @@ absl::Status TranslateOutputs(const inference::ModelInferRequest& req, const Mod
                                          absl::StrJoin(kOutputs, ", "), ")"));
     if (std::find(t->outputs.begin(), t->outputs.end(), o.name()) != t->outputs.end())
       return Bad("outputs", absl::StrCat("'", o.name(), "' is requested twice"));
-    auto shm = ParseSharedMemory(o.name(), o.parameters());
+    auto shm = ParseTensorParameters(o.name(), o.parameters());
     if (!shm.ok()) return shm.status();
     const uint64_t bytes = OutputBytes(o.name(), t->native, model);
     if (shm->has_value() && (*shm)->byte_size < bytes)
@@ -245,12 +313,6 @@ void AddOutput(const char* name, const char* datatype, int64_t rows, int64_t col
   t->add_shape(rows);
   t->add_shape(cols);
   *out->add_raw_output_contents() = std::move(bytes);
-}
-
-template <typename T>
-std::string RawBytes(const google::protobuf::RepeatedField<T>& values) {
-  // Little-endian on every platform drafthead builds for, as the protocol's raw contents are.
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
 void AddTensorMetadata(const char* name, const char* datatype, int64_t cols,
@@ -307,6 +369,12 @@ absl::StatusOr<TranslatedRequest> TranslateRequest(inference::ModelInferRequest 
     if (absl::Status s = ApplyParameter(name, req.parameters().at(name), model, &t); !s.ok()) return s;
   if (absl::Status s = TranslateOutputs(req, model, &t); !s.ok()) return s;
   return t;
+}
+
+bool WantsFinalResponseFlag(const inference::ModelInferRequest& req) {
+  const auto it = req.parameters().find(kEnableFinalResponse);
+  return it != req.parameters().end() && it->second.parameter_choice_case() == InferParameter::kBoolParam &&
+         it->second.bool_param();
 }
 
 void TranslateResponse(const TranslatedRequest& req, const ModelDescription& model,
@@ -377,6 +445,50 @@ inference::ModelConfig ModelConfig(const ModelDescription& model) {
   AddConfigOutput("values", inference::TYPE_FP32, -1, &c);
   AddConfigOutput("probs", inference::TYPE_FP32, -1, &c);
   return c;
+}
+
+namespace {
+
+void SetDuration(const DurationStat& d, inference::StatisticDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+}  // namespace
+
+inference::ModelStatistics ModelStatistics(const ModelDescription& model, const InferenceStats& stats) {
+  inference::ModelStatistics m;
+  m.set_name(model.name);
+  m.set_version(kModelVersion);
+  m.set_last_inference(stats.last_inference_ms);
+  m.set_inference_count(stats.inference_count);
+  m.set_execution_count(stats.execution_count);
+  auto* s = m.mutable_inference_stats();
+  SetDuration(stats.success, s->mutable_success());
+  SetDuration(stats.fail, s->mutable_fail());
+  SetDuration(stats.queue, s->mutable_queue());
+  SetDuration(stats.compute.input, s->mutable_compute_input());
+  SetDuration(stats.compute.infer, s->mutable_compute_infer());
+  SetDuration(stats.compute.output, s->mutable_compute_output());
+  for (const auto& [size, c] : stats.batches) {  // std::map: ascending
+    auto* b = m.add_batch_stats();
+    b->set_batch_size(size);
+    SetDuration(c.input, b->mutable_compute_input());
+    SetDuration(c.infer, b->mutable_compute_infer());
+    SetDuration(c.output, b->mutable_compute_output());
+  }
+  return m;
+}
+
+inference::RepositoryIndexResponse RepositoryIndex(const ModelDescription& model, bool serving, bool ready_only) {
+  inference::RepositoryIndexResponse r;
+  if (ready_only && !serving) return r;
+  auto* m = r.add_models();
+  m->set_name(model.name);
+  m->set_version(kModelVersion);
+  m->set_state(serving ? "READY" : "LOADING");
+  if (!serving) m->set_reason("the rank group is loading its shards");
+  return r;
 }
 
 }  // namespace drafthead::kserve

@@ -5,10 +5,17 @@
 // Pure functions, no threads.
 //
 // The mapping (docs/client.md has it for callers):
-//   input `hidden` (BF16 | FP32, shape [rows, K], raw_input_contents[0] or a shared-memory region)
+//   input `hidden` (BF16 | FP32, shape [rows, K], in raw_input_contents[0], FP32 in
+//     contents.fp32_contents, or in a shared-memory region: exactly one of them)
 //     -> rows, hidden (or hidden_region), hidden_dtype
 //   parameters mode / top_k / return_probs / temperature / seed / head / logits_dtype -> the fields;
-//   Triton's reserved `timeout` (microseconds) -> a queue deadline, `priority` checked and ignored
+//   Triton's reserved request parameters with Triton's types: `timeout` (microseconds) -> a queue
+//   deadline; `priority`, `sequence_*`, `headers`, `binary_data_output` checked and ignored (a
+//   model without priorities or sequences); `triton_enable_empty_final_response` read by the
+//   stream (WantsFinalResponseFlag); any other `triton_*` refused, as Triton refuses it. Unknown
+//   names are refused (Triton would hand them to a backend; drafthead has no backend parameters).
+//   Tensor parameters: shared_memory_region / _byte_size / _offset; binary_data_size,
+//   binary_data, binary_data_output (sent by Triton's and KServe's clients) checked and ignored.
 //   outputs: full_logits -> `logits` ([rows, vocab], BF16 | FP32); otherwise `token_ids` (INT32
 //   [rows, k]), `values` (FP32) and, with return_probs, `probs` (FP32).
 // Errors: INVALID_ARGUMENT whose message starts with the tensor or parameter it is about
@@ -24,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "drafthead/v1/drafthead.pb.h"
 #include "inference/grpc_service.pb.h"
+#include "server/sched/metrics.h"
 
 namespace drafthead::kserve {
 
@@ -76,6 +84,11 @@ struct TranslatedRequest {
 absl::StatusOr<TranslatedRequest> TranslateRequest(inference::ModelInferRequest req,
                                                    const ModelDescription& model);
 
+// True when the request asks (triton_enable_empty_final_response = true) for Triton's
+// `triton_final_response` flag on its stream answers. Read from the raw request, so that a refused
+// request's in-band answer carries it too.
+bool WantsFinalResponseFlag(const inference::ModelInferRequest& req);
+
 // Fills `out` from the native answer to `req`. The logits bytes are moved out of `native`, not
 // copied. Requested outputs the request's mode does not make (e.g. `logits` of a top_k request, as
 // perf_analyzer asks for every output of the model) are left out. The native Timing is returned as
@@ -87,5 +100,10 @@ void TranslateResponse(const TranslatedRequest& req, const ModelDescription& mod
 inference::ServerMetadataResponse ServerMetadata(const std::vector<std::string>& extensions);
 inference::ModelMetadataResponse ModelMetadata(const ModelDescription& model);
 inference::ModelConfig ModelConfig(const ModelDescription& model);
+// The model's statistics in the protocol's terms (batch_stats by batch size, ascending).
+inference::ModelStatistics ModelStatistics(const ModelDescription& model, const InferenceStats& stats);
+// The repository index: the one model, READY once serving (else LOADING); `ready_only` as the
+// request's `ready`.
+inference::RepositoryIndexResponse RepositoryIndex(const ModelDescription& model, bool serving, bool ready_only);
 
 }  // namespace drafthead::kserve

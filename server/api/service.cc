@@ -6,6 +6,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "server/api/response.h"
 
@@ -63,15 +65,29 @@ void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::Logits
 void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
                               std::function<void(const absl::Status&, v1::LogitsResponse*)> done) {
   const auto arrived = Clock::now();
+  const uint64_t arrived_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   const std::string mode = RequestModeName(req);
   const uint32_t rows = req.rows();
   Metrics* metrics = metrics_;
-  auto record = [metrics, mode, rows, arrived, done = std::move(done)](
+  auto record = [metrics, mode, rows, arrived, arrived_ms, done = std::move(done)](
                     const absl::Status& s, v1::LogitsResponse* resp) {
     if (metrics == nullptr) return done(s, resp);
     metrics->RecordRequest(mode, static_cast<int>(s.code()), rows);
-    if (!s.ok() || resp == nullptr) return done(s, resp);
+    // Before the answer leaves, so that a caller holding it sees it counted.
+    const auto total_ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - arrived).count());
+    if (!s.ok() || resp == nullptr) {
+      metrics->RecordInference(false, arrived_ms, total_ns, nullptr);
+      return done(s, resp);
+    }
     const v1::Timing timing = resp->timing();  // done() may move resp away
+    RequestStages stages;
+    stages.queue_us = timing.queue_us();
+    stages.validate_us = timing.validate_us();
+    stages.combine_us = timing.combine_us();
+    stages.batch = {timing.broadcast_us(), timing.h2d_us(), timing.gemv_us(),
+                    timing.epilogue_us(), timing.gather_us(), timing.d2h_us()};
+    metrics->RecordInference(true, arrived_ms, total_ns, &stages);
     const auto handed = Clock::now();
     done(s, resp);  // unary: Finish serializes the answer; stream: queued in order
     metrics->RecordLatency(timing.queue_us() * 1e-6,

@@ -39,6 +39,8 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   }
   // The budget every stream of this server counts against, the KServe streams' too.
   StreamBudget& stream_budget() { return *stream_budget_; }
+  // Where every request's outcome is recorded (both APIs'); null: nowhere (tests).
+  const Metrics* metrics() const { return metrics_; }
 
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,

@@ -87,7 +87,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   }
   if (!claimed) return absl::OkStatus();
   const double compute_s = std::chrono::duration<double>(t1 - t0).count();
-  if (metrics_) metrics_->RecordBatch(rows, compute_s, gathered->stages);
+  if (metrics_) metrics_->RecordBatch(rows, static_cast<uint32_t>(batch.size()), compute_s, gathered->stages);
   BatchRowsResult result;
   result.layout = gathered->layout;
   result.gathered = gathered->data;

@@ -69,9 +69,46 @@ void Metrics::RecordRequest(const std::string& mode, int code, uint32_t rows) {
   if (code == 0) rows_[mode] += rows;
 }
 
-void Metrics::RecordBatch(uint32_t rows, double compute_seconds, const StageTimes& st) {
+namespace {
+
+constexpr uint64_t kNsPerUs = 1000;
+
+// The batch's part of the compute split (InferenceStats' comment), in ns.
+void AddBatchCompute(const StageTimes& st, ComputeStats* c) {
+  c->input.Add((uint64_t{st.broadcast_us} + st.h2d_us) * kNsPerUs);
+  c->infer.Add((uint64_t{st.gemv_us} + st.epilogue_us + st.gather_us) * kNsPerUs);
+  c->output.Add(uint64_t{st.d2h_us} * kNsPerUs);
+}
+
+}  // namespace
+
+void Metrics::RecordInference(bool ok, uint64_t arrived_ms, uint64_t total_ns, const RequestStages* st) {
+  absl::MutexLock l(&mu_);
+  inference_.last_inference_ms = std::max(inference_.last_inference_ms, arrived_ms);
+  if (!ok || st == nullptr) {
+    inference_.fail.Add(total_ns);
+    return;
+  }
+  ++inference_.inference_count;
+  inference_.success.Add(total_ns);
+  inference_.queue.Add(uint64_t{st->queue_us} * kNsPerUs);
+  ComputeStats& c = inference_.compute;
+  AddBatchCompute(st->batch, &c);
+  // The request's own stages on top of its batch's.
+  c.input.ns += uint64_t{st->validate_us} * kNsPerUs;
+  c.output.ns += uint64_t{st->combine_us} * kNsPerUs;
+}
+
+InferenceStats Metrics::inference_stats() const {
+  absl::MutexLock l(&mu_);
+  return inference_;
+}
+
+void Metrics::RecordBatch(uint32_t rows, uint32_t requests, double compute_seconds, const StageTimes& st) {
   absl::MutexLock l(&mu_);
   ++batches_;
+  ++inference_.execution_count;
+  AddBatchCompute(st, &inference_.batches[requests]);
   batch_rows_.Observe(rows);
   compute_s_.Observe(compute_seconds);
   const std::pair<StageIndex, uint32_t> stages[] = {

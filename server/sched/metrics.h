@@ -36,12 +36,43 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// Triton's statistics extension's figures (KServe ModelStatistics), cumulative since start, of
+// every request through either API. Compute splits as Triton names it: input = validate (checks,
+// bf16 conversion, a region read) + broadcast + h2d; infer = gemv + epilogue + gather; output =
+// d2h + combine. Recorded as the answer is ready, before gRPC sends it.
+struct DurationStat {
+  uint64_t count = 0;
+  uint64_t ns = 0;
+  void Add(uint64_t d_ns) { ++count; ns += d_ns; }
+};
+struct ComputeStats {
+  DurationStat input, infer, output;
+};
+struct InferenceStats {
+  uint64_t last_inference_ms = 0;  // the last request's arrival, ms since the epoch; 0: none yet
+  uint64_t inference_count = 0;    // successful requests (one inference each: the model has no batch dim)
+  uint64_t execution_count = 0;    // batches run
+  DurationStat success, fail, queue;  // success / fail: arrival -> answered or refused
+  ComputeStats compute;               // per successful request
+  std::map<uint64_t, ComputeStats> batches;  // per batch, by the number of requests it ran
+};
+
+// One request's stages in microseconds (the native Timing's fields).
+struct RequestStages {
+  uint32_t queue_us = 0, validate_us = 0, combine_us = 0;
+  StageTimes batch;
+};
+
 class Metrics {
  public:
   explicit Metrics(int world);
 
   void RecordRequest(const std::string& mode, int grpc_code, uint32_t rows);
-  void RecordBatch(uint32_t rows, double compute_seconds, const StageTimes& stages);
+  // `requests`: how many requests the batch ran.
+  void RecordBatch(uint32_t rows, uint32_t requests, double compute_seconds, const StageTimes& stages);
+  // One request's outcome for InferenceStats: `stages` only when ok. `arrived_ms`: system clock.
+  void RecordInference(bool ok, uint64_t arrived_ms, uint64_t total_ns, const RequestStages* stages);
+  InferenceStats inference_stats() const;
   void RecordLatency(double queue_seconds, double total_seconds);
   // One answered request's own stages: validation, combining its shards, handing the answer to
   // gRPC (serializing it: unary Finish / stream StartWrite).
@@ -72,6 +103,7 @@ class Metrics {
   std::vector<uint64_t> weight_bytes_ ABSL_GUARDED_BY(mu_);
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(std::string*)> extra_ ABSL_GUARDED_BY(mu_);
+  InferenceStats inference_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves GET /metrics on host:port on its own thread until destroyed. Never waits forever on a

@@ -3,7 +3,9 @@
 build machines: no PyPI there). tritonclient.grpc against drafthead-server's KServe v2 service,
 every answer compared bit for bit with drafthead's native Python client (drafthead.v1).
 
-  pip install 'tritonclient[grpc]'        # or its sources with stubs made from Triton's .proto files
+  pip install 'tritonclient[grpc]'        # or, from its sources: tests/interop/build_triton_clients.sh
+                                          # SRC OUT puts it with stubs from Triton's .proto files in
+                                          # OUT/python (add OUT/python to PYTHONPATH below)
   build/server/drafthead-server --tp=1 --backend=cpu --comm=gloo --synthetic=1 --hidden-size=256 \
       --padded-vocab=2048 --shared-memory=system --listen=127.0.0.1:PORT &
   PORT=PORT PYTHONPATH=client/python:build/client/python_gen python3 tests/interop/tritonclient_check.py
@@ -269,13 +271,12 @@ def _():
                          parameters={"mode": "top_k", "top_k": 8, "return_probs": True, "temperature": 0.8})
     assert done.wait(30), f"only {len(got)} answers"
     c.stop_stream()
-    # answers come as requests complete (a refused request may overtake a computed one), so match by
-    # id; tritonclient hands an in-band error to the callback as InferenceServerException(msg) only.
+    # answers strictly in request order, the refused one in its place (issue 20); tritonclient hands
+    # an in-band error to the callback as InferenceServerException(msg) only.
     order = [("error" if e is not None else r.get_response().id) for r, e in got]
     oks = {r.get_response().id: r for r, e in got if e is None}
     errs = [e for r, e in got if e is not None]
-    assert sorted(oks) == ["r1", "r3"] and len(errs) == 1, order
-    assert order.index("r1") < order.index("r3"), order
+    assert order == ["r1", "error", "r3"], order
     r1, r3, e2 = oks["r1"], oks["r3"], errs[0]
     same_bits(r1.as_numpy("token_ids").reshape(-1), native.argmax(x)[0].reshape(-1), "r1 token_ids")
     ref = native.topk(x, 8, probs=True, temperature=0.8)
@@ -356,11 +357,28 @@ def _():
             shm.destroy_shared_memory_region(hh)
 
 
+@check("statistics, repository index, unregister of unknown names (issue 20)")
+def _():
+    before = c.get_inference_statistics(MODEL).model_stats[0]
+    for _ in range(3):
+        c.infer(MODEL, [fp32_input()], parameters={"mode": "argmax"})
+    after = c.get_inference_statistics(MODEL).model_stats[0]
+    ok = after.inference_stats.success.count - before.inference_stats.success.count
+    assert ok == 3 and after.inference_count - before.inference_count == 3, (before, after)
+    assert after.inference_stats.compute_infer.count - before.inference_stats.compute_infer.count == 3
+    index = c.get_model_repository_index().models
+    assert [(m.name, m.state) for m in index] == [(MODEL, "READY")], index
+    c.unregister_system_shared_memory("never_registered")  # tritonclient's clean-up habit: OK
+    c.unregister_system_shared_memory()
+    return (f"3 infers -> success +{ok}, executions +{after.execution_count - before.execution_count}, "
+            f"queue ns +{after.inference_stats.queue.ns - before.inference_stats.queue.ns}")
+
+
 @check("RPCs drafthead does not serve (informational: the error tritonclient raises)")
 def _():
     notes = []
-    for name, fn in (("get_inference_statistics", lambda: c.get_inference_statistics(MODEL)),
-                     ("get_model_repository_index", lambda: c.get_model_repository_index()),
+    for name, fn in (("get_trace_settings", lambda: c.get_trace_settings()),
+                     ("get_log_settings", lambda: c.get_log_settings()),
                      ("get_cuda_shared_memory_status", lambda: c.get_cuda_shared_memory_status())):
         try:
             fn()
