@@ -91,7 +91,8 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
 
 void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
-                          const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline) {
+                          const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline,
+                          std::optional<CallerKey> caller) {
   auto translated = kserve::TranslateRequest(std::move(req), model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
   if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
@@ -105,7 +106,7 @@ void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInfe
     const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
     done(written, written.ok() ? &resp : nullptr);
   }, may_run_inline, t->timeout_us > 0 ? absl::Microseconds(std::min<uint64_t>(t->timeout_us, uint64_t{1} << 62))
-                                        : absl::InfiniteDuration());
+                                        : absl::InfiniteDuration(), std::move(caller));
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,
@@ -123,13 +124,13 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
 }
 
 // One stream: requests are read continuously and submitted as they come (so they batch with each
-// other and with everyone else's); answers are queued as they complete and written one at a time.
-// Backpressure as StreamLogits has it (stream_budget.h, the native service's budget): answers
-// waiting to be written count against the stream's and the server's bytes, and a caller that reads
-// nothing is cancelled. An answer still in compute holds its expected size
+// other and with everyone else's; the stream is one caller of the batcher's fair queueing);
+// answers are queued as they complete and written one at a time, each serialized once when it is
+// ready. Backpressure as StreamLogits has it (stream_budget.h, the native service's budget):
+// answers waiting to be written count against the stream's and the server's bytes, and a caller
+// that reads nothing is cancelled. An answer still in compute holds its expected size
 // (ExpectedAnswerBytes of the translated request, reserved as Infer admits it).
-class KServeService::StreamReactor
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+class KServeService::StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static constexpr size_t kMaxInFlight = 256;
 
@@ -147,9 +148,10 @@ class KServeService::StreamReactor
       });
       return;
     }
-    // The message moves out of the read buffer and the next read is asked for before this one is
+    // Parsed out of the read buffer, and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
-    inference::ModelInferRequest req = std::move(req_);
+    inference::ModelInferRequest req;
+    const absl::Status parsed = ParseRequest(&req_, &req);
     std::string id = req.id();
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {  // never finishes: this request is unanswered
       ++unanswered_;
@@ -161,30 +163,37 @@ class KServeService::StreamReactor
       *reserved = ExpectedAnswerBytes(native, svc_->model_.vocab_size);
       account_.Reserve(*reserved);
     };
-    svc_->Infer(
-        ctx_, std::move(req),
-        [this, reserved, id = std::move(id)](const absl::Status& s, inference::ModelInferResponse* r) {
-          auto answer = std::make_unique<inference::ModelStreamInferResponse>();
-          if (s.ok() && r != nullptr) {
-            answer->mutable_infer_response()->Swap(r);
-          } else {
-            answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
-            auto* echo = answer->mutable_infer_response();
-            echo->set_model_name(svc_->model_.name);
-            echo->set_model_version(kserve::kModelVersion);
-            echo->set_id(id);
-          }
-          account_.Settle(*reserved, answer->ByteSizeLong());
-          Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(answer)); });
-        },
-        admitted, /*may_run_inline=*/true);
+    auto done = [this, reserved, id = std::move(id)](const absl::Status& s, inference::ModelInferResponse* r) {
+      inference::ModelStreamInferResponse answer;
+      if (s.ok() && r != nullptr) answer.mutable_infer_response()->Swap(r);
+      grpc::ByteBuffer bytes;
+      absl::Status serialized = !s.ok()          ? s
+                                : r == nullptr ? absl::InternalError("no answer")
+                                               : SerializeAnswer(answer, &bytes);
+      if (!serialized.ok()) {  // answered in-band
+        answer.Clear();
+        answer.set_error_message(
+            absl::StrCat(absl::StatusCodeToString(serialized.code()), ": ", serialized.message()));
+        auto* echo = answer.mutable_infer_response();
+        echo->set_model_name(svc_->model_.name);
+        echo->set_model_version(kserve::kModelVersion);
+        echo->set_id(id);
+        SerializeAnswer(answer, &bytes).IgnoreError();  // a few bytes
+      }
+      answer.Clear();  // the buffer is the one copy held from here on
+      account_.Settle(*reserved, bytes.Length());
+      Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_.push_back(std::move(bytes)); });
+    };
+    if (!parsed.ok()) return done(parsed, nullptr);
+    svc_->Infer(ctx_, std::move(req), std::move(done), admitted, /*may_run_inline=*/true,
+                CallerKey{"kserve_stream", reinterpret_cast<uintptr_t>(this)});
   }
 
   void OnWriteDone(bool ok) override {
     Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       flow_.writing = false;
       account_.WriteDone();
-      account_.Release(answers_.front()->ByteSizeLong());
+      account_.Release(answers_.front().Length());
       answers_.pop_front();
       --unanswered_;
       if (!ok) flow_.broken = true;
@@ -211,13 +220,13 @@ class KServeService::StreamReactor
     if (!flow_.writing && !answers_.empty()) {
       if (flow_.broken) {
         // The client is gone: drop answers nobody can read.
-        for (const auto& a : answers_) account_.Release(a->ByteSizeLong());
+        for (const auto& a : answers_) account_.Release(a.Length());
         unanswered_ -= answers_.size();
         answers_.clear();
       } else {
         flow_.writing = true;
         account_.WriteStarted();
-        StartWrite(answers_.front().get());
+        StartWrite(&answers_.front());  // gRPC refers to the buffer's slices: no copy
       }
     }
     if (flow_.MayRead(unanswered_, kMaxInFlight, account_)) {
@@ -229,17 +238,18 @@ class KServeService::StreamReactor
 
   KServeService* svc_;
   grpc::CallbackServerContext* ctx_;
-  inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
+  grpc::ByteBuffer req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
-  // Completed answers, oldest first; the front one is being written while flow_.writing.
-  std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> answers_ ABSL_GUARDED_BY(mu_);
+  // Completed answers (serialized ModelStreamInferResponses), oldest first; the front one is being
+  // written while flow_.writing.
+  std::deque<grpc::ByteBuffer> answers_ ABSL_GUARDED_BY(mu_);
   size_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // read, not yet written (or dropped)
   StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-KServeService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeService::ModelStreamInfer(
+    grpc::CallbackServerContext* ctx) {
   return new StreamReactor(this, ctx);
 }
 
