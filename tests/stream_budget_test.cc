@@ -388,6 +388,55 @@ TEST(StreamBudgetRealSizes, DeafStreamsDelayNoOtherCallerAndStayWithinTheBound) 
   EXPECT_NE(p.Wait(std::chrono::seconds(30)), -1);
 }
 
+// One caller's queue is bounded (--max-caller-queue-rows): a stream that pipelines more than that
+// gets RESOURCE_EXHAUSTED in-band for the requests past it, every other request answered, all in
+// request order, and the stream goes on.
+TEST(StreamCallerBound, RequestsPastTheCallersQueueBoundAreRefusedInBand) {
+  constexpr int64_t K = 2048, kV = 16384;  // batches of tens of ms: the stream's requests pile up
+  testutil::TempDir tmp;
+  const std::string target = "127.0.0.1:" + std::to_string(testing::FreePort());
+  ServerProcess p({"--tp=1", "--backend=cpu", "--comm=gloo", "--listen=" + target, "--threads=1", "--synthetic=5",
+                   "--hidden-size=" + std::to_string(K), "--padded-vocab=" + std::to_string(kV),
+                   "--max-caller-queue-rows=128"},
+                  tmp.path() + "/server.log");
+  ASSERT_TRUE(WaitServing(p, target, std::chrono::seconds(60))) << p.Log();
+  auto stub = v1::DraftHead::NewStub(Channel(target));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto rw = stub->StreamLogits(&ctx);
+  constexpr int kSent = 16;  // 1024 rows sent at once; 128 may wait
+  const auto x = ref::RandomBf16(64 * K, 1);
+  for (int i = 0; i < kSent; ++i) {
+    v1::LogitsRequest r;
+    r.set_request_id(i);
+    r.set_rows(64);
+    r.set_hidden(std::string(reinterpret_cast<const char*>(x.data()), x.size() * 2));
+    r.set_mode(v1::ARGMAX);
+    ASSERT_TRUE(rw->Write(r));
+  }
+  rw->WritesDone();
+  int ok = 0, refused = 0;
+  for (int i = 0; i < kSent; ++i) {
+    v1::LogitsResponse resp;
+    ASSERT_TRUE(rw->Read(&resp)) << "answer " << i;
+    EXPECT_EQ(resp.request_id(), static_cast<uint64_t>(i));
+    if (!resp.has_error()) {
+      ++ok;
+      EXPECT_EQ(resp.token_ids_size(), 64);
+    } else {
+      ++refused;
+      EXPECT_EQ(resp.error().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+      EXPECT_NE(resp.error().message().find("--max-caller-queue-rows"), std::string::npos) << resp.error().message();
+    }
+  }
+  EXPECT_TRUE(rw->Finish().ok());
+  EXPECT_GT(refused, 0) << "16 requests of 64 rows read at once, 128 rows may wait";
+  EXPECT_GE(ok, 3);  // one computing (inline or taken), two queued
+  std::printf("caller bound 128 rows: %d answered, %d refused in-band\n", ok, refused);
+  kill(p.pid(), SIGTERM);
+  EXPECT_NE(p.Wait(std::chrono::seconds(30)), -1);
+}
+
 TEST_F(StreamBudgetTest, AStreamThatReadsNothingIsCancelledAfterTheStallTimeout) {
   ServerProcess p(Args("1s"), tmp_.path() + "/server.log");
   ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();

@@ -1,8 +1,9 @@
 // The batch loop's second stage: answers a finished batch's requests (combining their shards,
 // serializing, handing to gRPC) on its own thread while the engine thread runs the next batch.
 // It takes its own copy of the gathered payload, since the engine reuses its buffers; copies are
-// recycled, so a steady load allocates nothing here. One batch may wait behind the one being
-// answered; a third blocks its submitter (the engine thread) until there is room.
+// recycled, so a steady load allocates nothing here. One batch at a time: the engine thread
+// computes the next batch meanwhile and then waits for this one to be answered before handing the
+// next over (answers are the product: it runs no further ahead of them than one batch).
 //
 // Threads: Submit, Busy and Drain from whoever drives the engine (one thread at a time: BatchLoop's
 // engine lock); the completions run on the completer's thread, one batch at a time, in submission
@@ -30,7 +31,7 @@ class Completer {
   ~Completer();  // Drain, then stops the thread
 
   // Answers `items` from `result` (its pointers copied now: valid only during this call). Waits
-  // while a batch already waits to be answered: at most two batches' payloads are held here.
+  // first until the batch submitted before is answered: one batch's payload is held here at most.
   void Submit(std::vector<BatchItem> items, const BatchRowsResult& result,
               Clock::time_point started);
   // Whether a submitted batch is not yet fully answered (then a later batch must queue behind it).
@@ -49,7 +50,6 @@ class Completer {
   void Loop();
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty() || stop_; }
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.empty() && !running_; }
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.empty(); }
 
   mutable absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
