@@ -2,8 +2,9 @@
 // stream and one for the whole server, so that a caller who never reads costs only itself.
 //
 // A stream reserves its answer's expected size (ExpectedAnswerBytes) when it reads a request,
-// settles that to the real size when the answer is ready, and releases it once gRPC has taken the
-// answer (OnWriteDone) or it is dropped. A stream reads its next request only while MayRead(): it
+// settles that to the real size when the answer is ready (serialized once, SerializeAnswer: the
+// bytes counted are the bytes held), and releases it once gRPC has written the answer
+// (OnWriteDone) or it is dropped. A stream reads its next request only while MayRead(): it
 // holds nothing, or its bytes are under the per-stream budget and the server's under the total.
 // A stream holding nothing may always read one request, so a single answer larger than a budget
 // still goes through and a well-behaved caller is never starved by the misbehaving ones (the
