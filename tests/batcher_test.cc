@@ -1,11 +1,17 @@
-// The Batcher: packing order, row limits, backpressure, deadlines, cancellation, close. The
-// Completer: a handed-over batch is answered from its own copy, in order, before Drain returns.
+// The Batcher: packing order, row limits, backpressure, deadlines, cancellation, close; fairness
+// between callers (a caller's backlog does not hold back others', FIFO within a caller, the
+// per-caller bound) and its metrics. The Completer: a handed-over batch is answered from its own
+// copy, in order, before Drain returns.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
+
+#include "absl/synchronization/notification.h"
 
 #include "server/sched/batcher.h"
 #include "server/sched/completer.h"
+#include "server/sched/metrics.h"
 
 namespace drafthead {
 namespace {
@@ -126,6 +132,95 @@ TEST(BatcherTest, CloseFailsQueuedAndLaterRequests) {
   EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());
 }
 
+BatchItem From(const char* cls, uint64_t caller, uint32_t rows, Probe* p, uint64_t id) {
+  BatchItem it = Item(rows, p, id);
+  it.caller = CallerKey{cls, caller};
+  return it;
+}
+
+std::vector<uint64_t> Ids(const std::vector<BatchItem>& batch) {
+  std::vector<uint64_t> ids;
+  for (const auto& it : batch) ids.push_back(it.req->request_id);
+  return ids;
+}
+
+// A caller's backlog does not hold back another caller's request: a caller that has just become
+// active goes in the next batch (FIFO would put it behind the whole backlog).
+TEST(BatcherTest, ANewCallerIsNotQueuedBehindAnotherCallersBacklog) {
+  Batcher b(BatcherOptions{});  // max_rows 64
+  Probe p[11];
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(b.Submit(From("stream", 1, 64, &p[i], i)).ok());
+  ASSERT_TRUE(b.Submit(From("unary", 7, 1, &p[10], 100)).ok());
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({0}));
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({100}));
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({1}));
+}
+
+// Callers with backlogs take turns by rows (deficit round robin, max_rows of credit a turn), each
+// caller's requests in its submission order, every batch within max_rows.
+TEST(BatcherTest, CallersTakeTurnsByRowsInTheirOwnOrder) {
+  BatcherOptions o;
+  o.max_rows = 64;
+  Batcher b(o);
+  Probe p[9];
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(b.Submit(From("stream", 1, 32, &p[i], 10 + i)).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(b.Submit(From("stream", 2, 16, &p[3 + i], 20 + i)).ok());
+  std::vector<std::vector<uint64_t>> got;
+  while (b.queued_requests() > 0) got.push_back(Ids(b.Take(std::chrono::milliseconds(0))));
+  const std::vector<std::vector<uint64_t>> want = {{10, 11}, {20, 21, 22, 23}, {12, 24, 25}};
+  EXPECT_EQ(got, want);
+}
+
+// A caller whose request ended a batch (it did not fit) goes first in the next one, before callers
+// that arrived meanwhile: a large request is not starved by a run of small newcomers.
+TEST(BatcherTest, TheCallerCutOffGoesFirstInTheNextBatch) {
+  Batcher b(BatcherOptions{});
+  Probe p[4];
+  ASSERT_TRUE(b.Submit(From("stream", 1, 64, &p[0], 1)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 1, 64, &p[1], 2)).ok());
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({1}));
+  ASSERT_TRUE(b.Submit(From("unary", 5, 1, &p[2], 50)).ok());
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({50}));  // 2 did not fit
+  ASSERT_TRUE(b.Submit(From("unary", 6, 1, &p[3], 60)).ok());
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({2}));
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({60}));
+}
+
+// One caller's queue is bounded on its own: past max_caller_queue_rows it is refused, while other
+// callers still queue.
+TEST(BatcherTest, RefusesACallerPastItsOwnQueueLimit) {
+  BatcherOptions o;
+  o.max_rows = 8;
+  o.max_queue_rows = 100;
+  o.max_caller_queue_rows = 10;
+  Batcher b(o);
+  Probe a, c, d;
+  EXPECT_TRUE(b.Submit(From("stream", 1, 6, &a, 1)).ok());
+  const absl::Status s = b.Submit(From("stream", 1, 5, &c, 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("--max-caller-queue-rows"), std::string::npos) << s.message();
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(b.Submit(From("stream", 2, 5, &d, 3)).ok());
+  EXPECT_EQ(b.dropped().rejected, 1u);
+  const auto depth = b.depth_by_class();
+  ASSERT_EQ(depth.count("stream"), 1u);
+  EXPECT_EQ(depth.at("stream").rows, 11u);
+  EXPECT_EQ(depth.at("stream").callers, 2u);
+}
+
+// Queued rows per caller class and the waits are exported.
+TEST(MetricsTest, ExportsQueuedRowsPerCallerClassAndTheWaits) {
+  Metrics m(1);
+  m.SetCallerQueues({{"stream", {12, 3}}, {"unary", {1, 1}}});
+  m.RecordCallerWait("stream", 0.002);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("drafthead_caller_queue_rows{class=\"stream\"} 12"), std::string::npos) << text;
+  EXPECT_NE(text.find("drafthead_caller_queue_callers{class=\"stream\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("drafthead_caller_queue_seconds_count{class=\"stream\"} 1"), std::string::npos) << text;
+  m.SetCallerQueues({});
+  EXPECT_NE(m.Render().find("drafthead_caller_queue_rows{class=\"unary\"} 0"), std::string::npos);
+}
+
 // Records what it is offered; runs (completes) an item only when told to.
 class FakeRunner : public InlineRunner {
  public:
@@ -223,6 +318,49 @@ TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {
   EXPECT_EQ(seen[1].row0, 1u);
   EXPECT_EQ(seen[0].bytes, original);
   EXPECT_EQ(seen[1].bytes, original);
+}
+
+// The engine runs at most one batch ahead of the answers: while a batch is being answered, the
+// next Submit blocks until it is (one payload copy held; no answers queue behind others').
+TEST(CompleterTest, ASubmitterWaitsWhileABatchIsBeingAnswered) {
+  ShardGeometry geo = ShardGeometry::Make(1, 0, 64, 64, 64);
+  PayloadLayout layout;
+  layout.row_offset = {0, 16};
+  std::vector<uint8_t> gathered(16);
+  BatchRowsResult base;
+  base.layout = &layout;
+  base.gathered = gathered.data();
+  base.per_rank_bytes = 16;
+  base.geometry = &geo;
+  base.batch_rows = 1;
+  absl::Notification release;
+  std::atomic<int> answered{0};
+  auto batch = [&](bool block) {
+    auto r = std::make_shared<PreparedRequest>();
+    r->rows = 1;
+    BatchItem it;
+    it.req = r;
+    it.done = [&, block](const absl::Status&, const BatchRowsResult*) {
+      if (block) release.WaitForNotification();
+      ++answered;
+    };
+    std::vector<BatchItem> items;
+    items.push_back(std::move(it));
+    return items;
+  };
+  Completer c;
+  c.Submit(batch(true), base, Clock::now());  // being answered (blocked)
+  std::atomic<bool> second_in{false};
+  std::thread engine([&] {
+    c.Submit(batch(false), base, Clock::now());
+    second_in = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(second_in) << "a second batch was taken while one was being answered";
+  release.Notify();
+  engine.join();
+  c.Drain();
+  EXPECT_EQ(answered, 2);
 }
 
 }  // namespace

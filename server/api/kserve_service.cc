@@ -113,7 +113,8 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(grpc::CallbackServerCon
 
 void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
                           std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
-                          const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline) {
+                          const std::function<void(const v1::LogitsRequest&)>& admitted, bool may_run_inline,
+                          std::optional<CallerKey> caller) {
   auto translated = kserve::TranslateRequest(std::move(req), model_);
   if (!translated.ok()) return done(translated.status(), nullptr);
   if (absl::Status s = kserve::CheckSharedMemoryOutputs(regions_, *translated); !s.ok()) return done(s, nullptr);
@@ -127,7 +128,7 @@ void KServeService::Infer(grpc::CallbackServerContext* ctx, inference::ModelInfe
     const absl::Status written = kserve::WriteSharedMemoryOutputs(regions_, *t, &resp);
     done(written, written.ok() ? &resp : nullptr);
   }, may_run_inline, t->timeout_us > 0 ? absl::Microseconds(std::min<uint64_t>(t->timeout_us, uint64_t{1} << 62))
-                                        : absl::InfiniteDuration());
+                                        : absl::InfiniteDuration(), std::move(caller));
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,
@@ -145,16 +146,16 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
 }
 
 // One stream: requests are read continuously and submitted as they come (so they batch with each
-// other and with everyone else's); each gets a slot in `answers_` at read time, in request order,
-// filled when it completes (a refused one at once), and slots are written from the front only when
-// filled: answers go out strictly in request order, as Triton answers a non-decoupled model's stream.
+// other and with everyone else's; the stream is one caller of the batcher's fair queueing); each
+// gets a slot in `answers_` at read time, in request order, filled when it completes (a refused one
+// at once) with its answer serialized once, and slots are written from the front only when filled:
+// answers go out strictly in request order, as Triton answers a non-decoupled model's stream.
 // Backpressure as StreamLogits has it (stream_budget.h, the native service's budget): answers
 // waiting to be written (filled slots, also those behind an earlier one still in compute) count
 // against the stream's and the server's bytes, and a caller that reads nothing is cancelled. An
 // answer still in compute holds its expected size (ExpectedAnswerBytes of the translated request,
-// reserved as Infer admits it). At most kMaxInFlight slots: the same bound as before the ordering.
-class KServeService::StreamReactor
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+// reserved as Infer admits it). At most kMaxInFlight slots.
+class KServeService::StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static constexpr size_t kMaxInFlight = 256;
 
@@ -172,9 +173,10 @@ class KServeService::StreamReactor
       });
       return;
     }
-    // The message moves out of the read buffer and the next read is asked for before this one is
+    // Parsed out of the read buffer, and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
-    inference::ModelInferRequest req = std::move(req_);
+    inference::ModelInferRequest req;
+    const absl::Status parsed = ParseRequest(&req_, &req);
     std::string id = req.id();
     const bool final_flag = kserve::WantsFinalResponseFlag(req);
     uint64_t seq;
@@ -189,26 +191,39 @@ class KServeService::StreamReactor
       *reserved = ExpectedAnswerBytes(native, svc_->model_.vocab_size);
       account_.Reserve(*reserved);
     };
-    svc_->Infer(
-        ctx_, std::move(req),
-        [this, reserved, seq, final_flag, id = std::move(id)](const absl::Status& s,
-                                                              inference::ModelInferResponse* r) {
-          auto answer = std::make_unique<inference::ModelStreamInferResponse>();
-          auto* resp = answer->mutable_infer_response();
-          if (s.ok() && r != nullptr) {
-            resp->Swap(r);
-          } else {
-            answer->set_error_message(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
-            resp->set_model_name(svc_->model_.name);
-            resp->set_model_version(kserve::kModelVersion);
-            resp->set_id(id);
-          }
-          // Every answer is its request's last (the model is not decoupled), so no empty one follows.
-          if (final_flag) (*resp->mutable_parameters())["triton_final_response"].set_bool_param(true);
-          account_.Settle(*reserved, answer->ByteSizeLong());
-          Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { answers_[seq - first_seq_] = std::move(answer); });
-        },
-        admitted, /*may_run_inline=*/true);
+    auto done = [this, reserved, seq, final_flag, id = std::move(id)](const absl::Status& s,
+                                                                      inference::ModelInferResponse* r) {
+      inference::ModelStreamInferResponse answer;
+      if (s.ok() && r != nullptr) answer.mutable_infer_response()->Swap(r);
+      // Every answer is its request's last (the model is not decoupled), so no empty one follows.
+      auto mark_final = [final_flag](inference::ModelInferResponse* resp) {
+        if (final_flag) (*resp->mutable_parameters())["triton_final_response"].set_bool_param(true);
+      };
+      mark_final(answer.mutable_infer_response());
+      grpc::ByteBuffer bytes;
+      absl::Status serialized = !s.ok()          ? s
+                                : r == nullptr ? absl::InternalError("no answer")
+                                               : SerializeAnswer(answer, &bytes);
+      if (!serialized.ok()) {  // answered in-band, in its place
+        answer.Clear();
+        answer.set_error_message(
+            absl::StrCat(absl::StatusCodeToString(serialized.code()), ": ", serialized.message()));
+        auto* echo = answer.mutable_infer_response();
+        echo->set_model_name(svc_->model_.name);
+        echo->set_model_version(kserve::kModelVersion);
+        echo->set_id(id);
+        mark_final(echo);
+        SerializeAnswer(answer, &bytes).IgnoreError();  // a few bytes
+      }
+      answer.Clear();  // the buffer is the one copy held from here on
+      account_.Settle(*reserved, bytes.Length());
+      Settle([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        answers_[seq - first_seq_] = std::make_unique<grpc::ByteBuffer>(std::move(bytes));
+      });
+    };
+    if (!parsed.ok()) return done(parsed, nullptr);
+    svc_->Infer(ctx_, std::move(req), std::move(done), admitted, /*may_run_inline=*/true,
+                CallerKey{"kserve_stream", reinterpret_cast<uintptr_t>(this)});
   }
 
   void OnWriteDone(bool ok) override {
@@ -237,7 +252,7 @@ class KServeService::StreamReactor
   }
 
   void PopFrontLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    account_.Release(answers_.front()->ByteSizeLong());
+    account_.Release(answers_.front()->Length());
     answers_.pop_front();
     ++first_seq_;
   }
@@ -249,7 +264,7 @@ class KServeService::StreamReactor
     } else if (!flow_.writing && !answers_.empty() && answers_.front() != nullptr) {
       flow_.writing = true;
       account_.WriteStarted();
-      StartWrite(answers_.front().get());
+      StartWrite(answers_.front().get());  // gRPC refers to the buffer's slices: no copy
     }
     if (flow_.MayRead(answers_.size(), kMaxInFlight, account_)) {
       flow_.reading = true;
@@ -260,19 +275,19 @@ class KServeService::StreamReactor
 
   KServeService* svc_;
   grpc::CallbackServerContext* ctx_;
-  inference::ModelInferRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
+  grpc::ByteBuffer req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
   // One slot per request read and not yet written (or dropped), in request order; null until its
-  // answer is ready. The front one is being written while flow_.writing.
-  std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> answers_ ABSL_GUARDED_BY(mu_);
+  // answer is ready (serialized). The front one is being written while flow_.writing.
+  std::deque<std::unique_ptr<grpc::ByteBuffer>> answers_ ABSL_GUARDED_BY(mu_);
   uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the request number of answers_.front()
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;   // the next request read gets this number
   StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-KServeService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeService::ModelStreamInfer(
+    grpc::CallbackServerContext* ctx) {
   return new StreamReactor(this, ctx);
 }
 

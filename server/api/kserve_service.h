@@ -17,6 +17,7 @@
 // Lifetime: `native`, `health` and `regions` outlive this; this outlives the gRPC server.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,20 @@
 
 namespace drafthead {
 
-class KServeService final : public inference::GRPCInferenceService::CallbackService {
+// ModelStreamInfer is registered raw (ByteBuffers in and out), as StreamLogits is (service.h): each
+// answer is serialized once into the buffer its stream's budget counts and gRPC writes from.
+namespace kserve_base {
+using G = inference::GRPCInferenceService;
+using Service = G::WithCallbackMethod_ServerLive<G::WithCallbackMethod_ServerReady<G::WithCallbackMethod_ModelReady<
+    G::WithCallbackMethod_ServerMetadata<G::WithCallbackMethod_ModelMetadata<G::WithCallbackMethod_ModelInfer<
+        G::WithRawCallbackMethod_ModelStreamInfer<G::WithCallbackMethod_ModelConfig<
+            G::WithCallbackMethod_SystemSharedMemoryStatus<G::WithCallbackMethod_SystemSharedMemoryRegister<
+                G::WithCallbackMethod_SystemSharedMemoryUnregister<G::WithCallbackMethod_CudaSharedMemoryStatus<
+                    G::WithCallbackMethod_CudaSharedMemoryRegister<G::WithCallbackMethod_CudaSharedMemoryUnregister<
+                        G::Service>>>>>>>>>>>>>>;
+}  // namespace kserve_base
+
+class KServeService final : public kserve_base::Service {
  public:
   // `regions` may be null (no shared memory).
   KServeService(DraftHeadService& native, const HealthService& health, kserve::ModelDescription model,
@@ -62,9 +76,10 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   // carrying its request's id; a refused one in-band, in its place: error_message
   // "CODE: field: why", infer_response with the id. The stream goes on. A request with
   // triton_enable_empty_final_response = true gets triton_final_response = true on its answer (its
-  // only one: no empty final answer follows, as in Triton for a non-decoupled model).
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
+  // only one: no empty final answer follows, as in Triton for a non-decoupled model). The stream is
+  // one caller of the batcher's fair queueing; each answer is serialized once when it is ready.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
+      grpc::CallbackServerContext* ctx) override;
 
   // Triton's statistics extension: the model's counts since start, every request through either
   // API (Metrics::inference_stats). `name` empty: every model (the one); unknown: NOT_FOUND.
@@ -106,7 +121,8 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   void Infer(grpc::CallbackServerContext* ctx, inference::ModelInferRequest req,
              std::function<void(const absl::Status&, inference::ModelInferResponse*)> done,
              const std::function<void(const v1::LogitsRequest&)>& admitted = nullptr,
-             bool may_run_inline = false);  // DraftHeadService::Submit's
+             bool may_run_inline = false,  // DraftHeadService::Submit's, and `caller`
+             std::optional<CallerKey> caller = std::nullopt);
 
   DraftHeadService& native_;
   const HealthService& health_;

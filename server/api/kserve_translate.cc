@@ -109,7 +109,8 @@ absl::Status ApplyParameter(const std::string& name, const InferParameter& p,
       return WrongKind(name, p, "a double_param (or int64_param)");
   } else if (name == "priority") {
     // Triton's reserved request parameter (tritonclient's infer(priority=)): checked and otherwise
-    // ignored, as Triton ignores it for a model without priority levels; one FIFO queue here.
+    // ignored, as Triton ignores it for a model without priority levels (the queue here is fair
+    // between callers, FIFO within one).
     if (auto v = Unsigned(name, p); !v.ok()) return v.status();
   } else if (name == "timeout") {
     // Triton's reserved request parameter (tritonclient's infer(timeout=)), microseconds, 0: none.

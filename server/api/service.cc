@@ -52,13 +52,15 @@ DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::M
 
 void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
                               std::function<void(const absl::Status&, v1::LogitsResponse*)> done,
-                              bool may_run_inline, absl::Duration timeout) {
+                              bool may_run_inline, absl::Duration timeout,
+                              std::optional<CallerKey> caller) {
   CallControl call;
   call.deadline = SteadyDeadline(ctx);
   if (timeout < absl::Hours(24 * 365))
     call.deadline = std::min(call.deadline, Clock::now() + absl::ToChronoNanoseconds(timeout));
   call.cancelled = [ctx] { return ctx->IsCancelled(); };
   call.may_run_inline = may_run_inline;
+  call.caller = caller ? *std::move(caller) : UnaryCaller(*ctx);
   Submit(req, std::move(call), std::move(done));
 }
 
@@ -108,6 +110,7 @@ void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
   item.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
   item.enqueued = Clock::now();
   item.deadline = call.deadline;
+  item.caller = std::move(call.caller);
   item.cancelled = std::move(call.cancelled);
   item.may_run_inline = call.may_run_inline;
   const uint32_t validate_us = MicrosSince(arrived);
@@ -125,6 +128,10 @@ void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
     record(built, &resp);
   };
   batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome
+}
+
+CallerKey DraftHeadService::UnaryCaller(const grpc::CallbackServerContext& ctx) {
+  return CallerKey{"unary", std::hash<std::string>{}(ctx.peer())};
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerContext* ctx,
@@ -221,12 +228,13 @@ grpc::ServerUnaryReactor* DraftHeadService::CloseLane(grpc::CallbackServerContex
 }
 
 // One stream: requests are read continuously and queued as they come (so a stream's requests
-// batch with each other and with everyone else's); answers are written strictly in request order.
-// A bad or failed request is answered in-band (LogitsResponse.error) and the stream goes on.
-// Answers not yet written count against the stream's and the server's budgets (account_,
-// stream_budget.h): at its budget a stream is not read further; one that reads nothing is cancelled.
-class DraftHeadService::StreamReactor
-    : public grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse> {
+// batch with each other and with everyone else's, the stream one caller of the batcher's fair
+// queueing); answers are written strictly in request order. A bad or failed request is answered
+// in-band (LogitsResponse.error) and the stream goes on. Each answer is serialized once when it is
+// ready and held only as that buffer until gRPC has written it; answers not yet written count
+// against the stream's and the server's budgets (account_, stream_budget.h): at its budget a stream
+// is not read further; one that reads nothing is cancelled.
+class DraftHeadService::StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static constexpr size_t kMaxInFlight = 256;  // stop reading past this many unanswered
 
@@ -248,27 +256,32 @@ class DraftHeadService::StreamReactor
       if (finish) Finish(grpc::Status::OK);
       return;
     }
-    std::shared_ptr<Slot> slot = std::make_shared<Slot>();
-    slot->resp.set_request_id(req_.request_id());
-    slot->bytes = ExpectedAnswerBytes(req_, svc_->limits_.vocab_size);
-    account_.Reserve(slot->bytes);
-    // The message moves out of the read buffer, and the next read is asked for before this one is
+    // Parsed out of the read buffer, and the next read is asked for before this one is
     // submitted: the submission may run it here (the engine idle) while the stream reads on.
-    const v1::LogitsRequest req = std::move(req_);
+    v1::LogitsRequest req;
+    const absl::Status parsed = ParseRequest(&req_, &req);
+    std::shared_ptr<Slot> slot = std::make_shared<Slot>();
+    slot->bytes = ExpectedAnswerBytes(req, svc_->limits_.vocab_size);
+    account_.Reserve(slot->bytes);
     {
       absl::MutexLock l(&mu_);
       slots_.push_back(slot);
       flow_.reading = false;
       PumpLocked();  // never true here: this request's slot is unanswered
     }
-    svc_->Submit(ctx_, req, [this, slot](const absl::Status& s, v1::LogitsResponse* r) {
-      if (s.ok() && r != nullptr) {
-        slot->resp.Swap(r);
-      } else {
-        slot->resp.mutable_error()->set_code(static_cast<int>(s.code()));
-        slot->resp.mutable_error()->set_message(std::string(s.message()));
+    auto answer = [this, slot, id = req.request_id()](const absl::Status& s, v1::LogitsResponse* r) {
+      absl::Status serialized = !s.ok()          ? s
+                                : r == nullptr ? absl::InternalError("no answer")
+                                               : SerializeAnswer(*r, &slot->answer);
+      if (r != nullptr) r->Clear();  // the buffer is the one copy held from here on
+      if (!serialized.ok()) {  // answered in-band
+        v1::LogitsResponse failed;
+        failed.set_request_id(id);
+        failed.mutable_error()->set_code(static_cast<int>(serialized.code()));
+        failed.mutable_error()->set_message(std::string(serialized.message()));
+        SerializeAnswer(failed, &slot->answer).IgnoreError();  // a few bytes
       }
-      const uint64_t actual = slot->resp.ByteSizeLong();
+      const uint64_t actual = slot->answer.Length();
       account_.Settle(slot->bytes, actual);
       bool finish;
       {
@@ -278,7 +291,10 @@ class DraftHeadService::StreamReactor
         finish = PumpLocked();
       }
       if (finish) Finish(grpc::Status::OK);
-    }, /*may_run_inline=*/true);
+    };
+    if (!parsed.ok()) return answer(parsed, nullptr);
+    svc_->Submit(ctx_, req, std::move(answer), /*may_run_inline=*/true, absl::InfiniteDuration(),
+                 CallerKey{"stream", reinterpret_cast<uintptr_t>(this)});
   }
 
   void OnWriteDone(bool ok) override {
@@ -299,11 +315,11 @@ class DraftHeadService::StreamReactor
 
  private:
   // `ready` is read and written under the reactor's mu_ (a nested struct cannot say so to the
-  // compiler); `resp` is filled before ready is set and written out only after.
+  // compiler); `answer` is filled before ready is set and written out only after.
   struct Slot {
-    v1::LogitsResponse resp;
+    grpc::ByteBuffer answer;  // the serialized LogitsResponse
     bool ready = false;
-    uint64_t bytes = 0;  // held in account_: expected until ready, then the answer's size
+    uint64_t bytes = 0;  // held in account_: expected until ready, then answer.Length()
   };
 
   // Starts the next write / read as allowed; returns true when the caller must Finish (outside
@@ -319,7 +335,7 @@ class DraftHeadService::StreamReactor
       } else {
         flow_.writing = true;
         account_.WriteStarted();
-        StartWrite(&slots_.front()->resp);
+        StartWrite(&slots_.front()->answer);  // gRPC refers to the buffer's slices: no copy
       }
     }
     if (flow_.MayRead(slots_.size(), kMaxInFlight, account_)) {
@@ -331,7 +347,7 @@ class DraftHeadService::StreamReactor
 
   DraftHeadService* svc_;
   grpc::CallbackServerContext* ctx_;
-  v1::LogitsRequest req_;  // the read in flight's target (one read at a time: flow_.reading)
+  grpc::ByteBuffer req_;  // the read in flight's target (one read at a time: flow_.reading)
   absl::Mutex mu_;
   // Unanswered requests in arrival order; the front one is written first.
   std::deque<std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
@@ -339,7 +355,7 @@ class DraftHeadService::StreamReactor
   StreamAccount account_;  // last: unregistered from the budget's watchdog before the rest goes
 };
 
-grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* DraftHeadService::StreamLogits(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DraftHeadService::StreamLogits(
     grpc::CallbackServerContext* ctx) {
   return new StreamReactor(this, ctx);
 }

@@ -1,12 +1,20 @@
 // The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API. Every RPC validates its
 // request (server/api/request.h), hands it to the Batcher and completes from the engine thread; no
 // handler blocks. absl::Status is converted to grpc::Status here and only here.
+// StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
+// is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
+//
+// Callers (batcher.h's CallerKey, the unit of fair queueing): each StreamLogits stream is one
+// ("stream"); the unary calls of one connection (ctx->peer(): one client channel) are one
+// ("unary"), so a client's concurrent calls share one fair share as one stream's requests do, and
+// the unary calls of many connections do not crowd out a stream.
 //
 // Threads: gRPC's callback threads; the service is thread-safe. Lifetime: outlives the server.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -22,7 +30,12 @@ namespace drafthead {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
-class DraftHeadService final : public v1::DraftHead::CallbackService {
+using DraftHeadServiceBase = v1::DraftHead::WithCallbackMethod_ComputeLogits<
+    v1::DraftHead::WithRawCallbackMethod_StreamLogits<v1::DraftHead::WithCallbackMethod_GetModelInfo<
+        v1::DraftHead::WithCallbackMethod_RegisterRegion<v1::DraftHead::WithCallbackMethod_UnregisterRegion<
+            v1::DraftHead::Service>>>>>;
+
+class DraftHeadService final : public DraftHeadServiceBase {
  public:
   DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info, Metrics* metrics);
 
@@ -45,7 +58,7 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
                                           const v1::LogitsRequest* req,
                                           v1::LogitsResponse* resp) override;
-  grpc::ServerBidiReactor<v1::LogitsRequest, v1::LogitsResponse>* StreamLogits(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamLogits(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::ModelInfoRequest* req,
@@ -66,12 +79,15 @@ class DraftHeadService final : public v1::DraftHead::CallbackService {
   // the engine is idle the request runs on it and Submit returns once it is answered
   // (BatchItem::may_run_inline). `timeout`: a deadline nearer than the call's own, counted from
   // arrival (KServe's `timeout` parameter); a request still queued at its deadline gets
-  // DEADLINE_EXCEEDED.
+  // DEADLINE_EXCEEDED. `caller`: whom the request is queued for (fair queueing, FIFO within one
+  // caller); unset: the unary caller of ctx's connection (UnaryCaller).
   void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
               std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false,
-              absl::Duration timeout = absl::InfiniteDuration());
+              absl::Duration timeout = absl::InfiniteDuration(), std::optional<CallerKey> caller = std::nullopt);
+  // The caller of a unary call: its connection.
+  static CallerKey UnaryCaller(const grpc::CallbackServerContext& ctx);
   // The same for a request that did not come in as a gRPC call (a lane's): `call` says its
-  // deadline, cancellation and whether the submitting thread may run it.
+  // deadline, cancellation, caller and whether the submitting thread may run it.
   void Submit(const v1::LogitsRequest& req, CallControl call,
               std::function<void(const absl::Status&, v1::LogitsResponse*)> done);
 

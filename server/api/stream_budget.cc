@@ -1,7 +1,12 @@
 #include "server/api/stream_budget.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 namespace drafthead {
@@ -14,6 +19,22 @@ int64_t NowNs() {
 }
 
 }  // namespace
+
+absl::Status SerializeAnswer(const google::protobuf::MessageLite& answer, grpc::ByteBuffer* out) {
+  bool own = false;
+  const grpc::Status s = grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(
+      answer, out, &own);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("the answer could not be serialized: ", s.error_message()));
+  return absl::OkStatus();
+}
+
+absl::Status ParseRequest(grpc::ByteBuffer* in, google::protobuf::MessageLite* msg) {
+  const grpc::Status s =
+      grpc::GenericDeserialize<grpc::ProtoBufferReader, google::protobuf::MessageLite>(in, msg);
+  if (!s.ok())
+    return absl::InvalidArgumentError(absl::StrCat("the message is not a ", msg->GetTypeName(), ": ", s.error_message()));
+  return absl::OkStatus();
+}
 
 uint64_t ExpectedAnswerBytes(const v1::LogitsRequest& req, int64_t vocab_size) {
   const uint64_t rows = std::max<uint32_t>(req.rows(), 1);

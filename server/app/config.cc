@@ -40,6 +40,9 @@ ABSL_FLAG(uint32_t, max_rows, 64, "Most rows in one request and one batch");
 ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
 ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EXACT");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
+          "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
+          "with RESOURCE_EXHAUSTED (0: no bound but --max-queue-rows)");
 ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
 ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
@@ -163,6 +166,9 @@ absl::Status ResolveLimits(ServerConfig& c) {
     return Bad(absl::StrCat("--max-top-k must be in 1..", kMaxTopKLimit));
   c.batcher.max_rows = max_rows;
   c.batcher.max_queue_rows = std::max(absl::GetFlag(FLAGS_max_queue_rows), max_rows);
+  // A caller may always queue one request of the most rows.
+  const uint32_t caller_rows = absl::GetFlag(FLAGS_max_caller_queue_rows);
+  c.batcher.max_caller_queue_rows = caller_rows == 0 ? 0 : std::max(caller_rows, max_rows);
   c.batcher.max_queue_delay = std::chrono::microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   c.batcher.max_requests = absl::GetFlag(FLAGS_max_batch_requests);
 

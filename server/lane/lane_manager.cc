@@ -346,6 +346,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
   // being answered: a caller with many requests in flight wants them batched, not taken one by
   // one while its ring fills behind a lane thread busy computing.
   call.may_run_inline = last && lane->outstanding.load(std::memory_order_acquire) == 0;
+  call.caller = CallerKey{"lane", lane->id};  // one caller of the batcher's fair queueing
   lane->outstanding.fetch_add(1, std::memory_order_acq_rel);
   const std::string tokens_region = parsed->tokens_region;
   const uint64_t tokens_offset = parsed->tokens_offset;

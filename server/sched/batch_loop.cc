@@ -70,6 +70,9 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
     inflight_ = &batch;
   }
   const auto t0 = Clock::now();
+  if (metrics_)
+    for (const auto& it : batch)
+      metrics_->RecordCallerWait(it.caller.cls, std::chrono::duration<double>(t0 - it.enqueued).count());
   auto gathered = engine_.RunBatch(ctl_, x);
   const auto t1 = Clock::now();
   bool claimed;
@@ -135,6 +138,9 @@ absl::Status BatchLoop::Run() {
     if (metrics_) {
       metrics_->SetQueueDepth(batcher_.queued_rows(),
                               static_cast<uint32_t>(batcher_.queued_requests()));
+      std::map<std::string, std::pair<uint32_t, uint32_t>> by_class;
+      for (const auto& [cls, d] : batcher_.depth_by_class()) by_class[cls] = {d.rows, d.callers};
+      metrics_->SetCallerQueues(by_class);
     }
     absl::MutexLock l(&engine_mu_);
     if (!failed_.ok()) {  // an inline run failed the group (and closed the batcher)

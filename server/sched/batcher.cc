@@ -1,5 +1,7 @@
 #include "server/sched/batcher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -14,21 +16,39 @@ absl::Status Batcher::Submit(BatchItem item) {
   InlineRunner* runner = nullptr;
   {
     absl::MutexLock l(&mu_);
-    if (item.may_run_inline && closed_.ok() && q_.empty()) runner = runner_;
+    if (item.may_run_inline && closed_.ok() && requests_ == 0) runner = runner_;
   }
   if (runner != nullptr && runner->TryRunInline(item)) return absl::OkStatus();
   absl::Status refused;
   {
     absl::MutexLock l(&mu_);
+    auto found = callers_.find(item.caller);
+    const uint32_t caller_rows = found == callers_.end() ? 0 : found->second->rows;
+    const uint32_t rows = item.req->rows;
     if (!closed_.ok()) {
       refused = closed_;
-    } else if (rows_ + item.req->rows > opts_.max_queue_rows) {
+    } else if (rows_ + rows > opts_.max_queue_rows) {
       ++dropped_.rejected;
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "queue full: ", rows_, " rows waiting, limit ", opts_.max_queue_rows, " (--max-queue-rows)"));
+    } else if (opts_.max_caller_queue_rows > 0 && caller_rows + rows > opts_.max_caller_queue_rows) {
+      ++dropped_.rejected;
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "caller's queue full: ", caller_rows, " rows of this ", item.caller.cls, " caller waiting, limit ",
+          opts_.max_caller_queue_rows, " (--max-caller-queue-rows)"));
     } else {
-      rows_ += item.req->rows;
-      q_.push_back(std::move(item));
+      if (found == callers_.end()) {
+        auto c = std::make_unique<Caller>();
+        c->key = item.caller;
+        c->credit = opts_.max_rows;
+        fresh_.push_back(c.get());
+        found = callers_.emplace(item.caller, std::move(c)).first;
+      }
+      Caller& c = *found->second;
+      c.rows += rows;
+      rows_ += rows;
+      ++requests_;
+      c.items.push_back(std::move(item));
     }
   }
   if (!refused.ok()) {
@@ -38,6 +58,20 @@ absl::Status Batcher::Submit(BatchItem item) {
   return absl::OkStatus();
 }
 
+Batcher::Caller* Batcher::Next() {
+  if (cut_ != nullptr) return cut_;
+  if (!fresh_.empty()) return fresh_.front();
+  if (!rounds_.empty()) return rounds_.front();
+  return nullptr;
+}
+
+void Batcher::Retire(Caller* c) {
+  std::deque<Caller*>& list = c->fresh ? fresh_ : rounds_;
+  list.erase(std::find(list.begin(), list.end(), c));
+  if (cut_ == c) cut_ = nullptr;
+  callers_.erase(c->key);
+}
+
 std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
   std::vector<BatchItem> batch, drops;
   std::vector<absl::Status> drop_status;
@@ -45,54 +79,85 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
     absl::MutexLock l(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(this, &Batcher::HasWorkOrClosed),
                          absl::FromChrono(idle_wait));
-    if (!q_.empty() && opts_.max_queue_delay.count() > 0) {
+    if (requests_ > 0 && opts_.max_queue_delay.count() > 0) {
       // Let the batch fill until the oldest request has waited max_queue_delay.
-      const auto until = q_.front().enqueued + opts_.max_queue_delay;
+      auto oldest = Clock::time_point::max();
+      for (const auto& [key, c] : callers_) oldest = std::min(oldest, c->items.front().enqueued);
       mu_.AwaitWithTimeout(absl::Condition(this, &Batcher::BatchFullOrClosed),
-                           absl::FromChrono(until - Clock::now()));
+                           absl::FromChrono(oldest + opts_.max_queue_delay - Clock::now()));
     }
     const auto now = Clock::now();
+    const int64_t quantum = opts_.max_rows;
+    ++takes_;
     uint32_t rows = 0;
-    while (!q_.empty()) {
-      BatchItem& it = q_.front();
-      if (it.deadline <= now || (it.cancelled && it.cancelled())) {
-        const bool expired = it.deadline <= now;
+    while (Caller* c = Next()) {
+      BatchItem* head = c->items.empty() ? nullptr : &c->items.front();
+      if (head != nullptr && (head->deadline <= now || (head->cancelled && head->cancelled()))) {
+        const bool expired = head->deadline <= now;
         expired ? ++dropped_.expired : ++dropped_.cancelled;
         drop_status.push_back(expired ? absl::DeadlineExceededError("deadline passed while queued")
                                       : absl::CancelledError("cancelled while queued"));
-        rows_ -= it.req->rows;
-        drops.push_back(std::move(it));
-        q_.pop_front();
+        c->rows -= head->req->rows;
+        rows_ -= head->req->rows;
+        --requests_;
+        drops.push_back(std::move(*head));
+        c->items.pop_front();
+        head = nullptr;
+        if (!c->items.empty()) continue;
+      }
+      if (head == nullptr) {
+        Retire(c);
         continue;
       }
-      if (rows + it.req->rows > opts_.max_rows) break;
-      if (opts_.max_requests > 0 && batch.size() >= opts_.max_requests) break;
-      rows += it.req->rows;
-      rows_ -= it.req->rows;
-      batch.push_back(std::move(it));
-      q_.pop_front();
+      if (c->credit <= 0) {  // its turn is over: to the back of the round, with the next turn's credit
+        (c->fresh ? fresh_ : rounds_).pop_front();  // Next() gave the front (cut_ never has credit <= 0)
+        c->fresh = false;
+        c->credit += quantum;
+        rounds_.push_back(c);
+        continue;
+      }
+      const bool fits = rows + head->req->rows <= opts_.max_rows || batch.empty();
+      if (!fits || (opts_.max_requests > 0 && batch.size() >= opts_.max_requests)) {
+        if (c->taken_in != takes_) cut_ = c;  // cut off with nothing in this batch: first in the next
+        break;
+      }
+      rows += head->req->rows;
+      c->credit -= head->req->rows;
+      c->taken_in = takes_;
+      c->rows -= head->req->rows;
+      rows_ -= head->req->rows;
+      --requests_;
+      batch.push_back(std::move(*head));
+      c->items.pop_front();
+      if (cut_ == c) cut_ = nullptr;
+      if (c->items.empty()) Retire(c);
     }
   }
   for (size_t i = 0; i < drops.size(); ++i) drops[i].done(drop_status[i], nullptr);
   return batch;
 }
 
-bool Batcher::HasWorkOrClosed() const { return !q_.empty() || !closed_.ok(); }
+bool Batcher::HasWorkOrClosed() const { return requests_ > 0 || !closed_.ok(); }
 
 bool Batcher::BatchFullOrClosed() const {
   return rows_ >= opts_.max_rows || !closed_.ok() ||
-         (opts_.max_requests > 0 && q_.size() >= opts_.max_requests);
+         (opts_.max_requests > 0 && requests_ >= opts_.max_requests);
 }
 
 void Batcher::Close(const absl::Status& reason) {
-  std::deque<BatchItem> q;
+  std::map<CallerKey, std::unique_ptr<Caller>> callers;
   {
     absl::MutexLock l(&mu_);
     if (closed_.ok()) closed_ = reason;
-    q.swap(q_);
+    callers.swap(callers_);
+    fresh_.clear();
+    rounds_.clear();
+    cut_ = nullptr;
     rows_ = 0;
+    requests_ = 0;
   }
-  for (auto& it : q) it.done(reason, nullptr);
+  for (auto& [key, c] : callers)
+    for (auto& it : c->items) it.done(reason, nullptr);
 }
 
 uint32_t Batcher::queued_rows() const {
@@ -102,7 +167,18 @@ uint32_t Batcher::queued_rows() const {
 
 size_t Batcher::queued_requests() const {
   absl::MutexLock l(&mu_);
-  return q_.size();
+  return requests_;
+}
+
+std::map<std::string, Batcher::ClassDepth> Batcher::depth_by_class() const {
+  absl::MutexLock l(&mu_);
+  std::map<std::string, ClassDepth> out;
+  for (const auto& [key, c] : callers_) {
+    ClassDepth& d = out[key.cls];
+    d.rows += c->rows;
+    ++d.callers;
+  }
+  return out;
 }
 
 Batcher::Dropped Batcher::dropped() const {

@@ -1,7 +1,18 @@
-// Rank 0's request queue and dynamic batching: requests (unary and streamed alike) wait here
-// and the engine thread takes them as batches of up to max_rows rows, in arrival order (a request
-// is never split). Bounded: a request that would push the queue past max_queue_rows is refused at
-// once (RESOURCE_EXHAUSTED). Expired or cancelled requests are answered here and never computed.
+// Rank 0's request queue and dynamic batching: requests (unary, streamed, from any API) wait here
+// and the engine thread takes them as batches of up to max_rows rows (a request is never split).
+//
+// Fair between callers. Every request names its caller (CallerKey: a stream, a connection's unary
+// calls, a lane), set by whoever submits. Each caller has its own FIFO queue (its requests are
+// taken in submission order, so a stream's answers stay in order); batches are formed across
+// callers by deficit round robin on rows (each turn a caller gets max_rows rows of credit), with
+// callers that have just become active served first: a caller with nothing queued goes before every
+// caller whose first turn is over, so its request waits for about one batch, not for the others'
+// backlogs. A batch ends at the first request that does not fit (as a FIFO queue would); a caller
+// cut off with nothing in that batch goes first in the next one, so a large request is never
+// starved by a run of small newcomers.
+// Bounded: a request that would push the queue past max_queue_rows, or its caller's queue past
+// max_caller_queue_rows, is refused at once (RESOURCE_EXHAUSTED). Expired or cancelled requests are
+// answered here and never computed.
 //
 // Threads: Submit from any thread; Take from the one engine thread; callbacks run on the thread
 // that completes the request (Take for drops, the engine thread for results, Close's caller, or
@@ -9,9 +20,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,15 +39,28 @@ namespace drafthead {
 
 using Clock = std::chrono::steady_clock;
 
+// Who a request is queued for. Requests with equal keys share one FIFO queue and one fair share.
+// `cls` says what kind of caller it is ("unary", "stream", "kserve_stream", "lane"): the metrics'
+// label, and part of the key; `id` tells callers of one class apart (opaque to the batcher: a
+// reactor's address, a hash of the connection's peer, a lane number). The default key is one
+// caller for everything submitted without one.
+struct CallerKey {
+  std::string cls = "unary";
+  uint64_t id = 0;
+  bool operator<(const CallerKey& o) const { return std::tie(cls, id) < std::tie(o.cls, o.id); }
+};
+
 // How one request's caller wants it handled, whatever way it came in (gRPC, KServe, a lane).
 struct CallControl {
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // may be empty
   bool may_run_inline = false;      // BatchItem::may_run_inline
+  CallerKey caller;                 // BatchItem::caller
 };
 
 struct BatchItem {
   std::shared_ptr<const PreparedRequest> req;
+  CallerKey caller;
   Clock::time_point enqueued{};
   Clock::time_point deadline = Clock::time_point::max();
   std::function<bool()> cancelled;  // may be empty
@@ -55,6 +84,7 @@ class InlineRunner {
 struct BatcherOptions {
   uint32_t max_rows = 64;
   uint32_t max_queue_rows = 4096;
+  uint32_t max_caller_queue_rows = 1024;  // one caller's share of max_queue_rows
   std::chrono::microseconds max_queue_delay{0};
   uint32_t max_requests = 0;  // most requests in one batch (0: no limit; 1: batching off)
 };
@@ -63,12 +93,14 @@ class Batcher {
  public:
   explicit Batcher(BatcherOptions opts) : opts_(opts) {}
 
-  // Queues the item, or completes it at once with RESOURCE_EXHAUSTED (queue full) or the close
-  // reason (after Close). Returns what happened.
+  // Queues the item behind its caller's earlier ones, or completes it at once with
+  // RESOURCE_EXHAUSTED (the queue or the caller's queue full) or the close reason (after Close).
+  // Returns what happened.
   absl::Status Submit(BatchItem item);
 
   // Waits up to `idle_wait` for work, then up to max_queue_delay for the batch to fill. Returns the
-  // batch (possibly empty). Drops expired and cancelled items (completing them).
+  // batch (possibly empty), fairly across callers (above). Drops expired and cancelled items
+  // (completing them).
   std::vector<BatchItem> Take(std::chrono::milliseconds idle_wait);
 
   // Fails everything queued with `reason`, and every later Submit.
@@ -82,6 +114,13 @@ class Batcher {
   uint32_t queued_rows() const;
   size_t queued_requests() const;
 
+  // What waits now, per caller class (metrics).
+  struct ClassDepth {
+    uint32_t rows = 0;
+    uint32_t callers = 0;  // callers with something queued
+  };
+  std::map<std::string, ClassDepth> depth_by_class() const;
+
   // Counters for metrics.
   struct Dropped {
     uint64_t expired = 0, cancelled = 0, rejected = 0;
@@ -89,14 +128,32 @@ class Batcher {
   Dropped dropped() const;
 
  private:
+  struct Caller {
+    CallerKey key;
+    std::deque<BatchItem> items;
+    uint32_t rows = 0;     // rows in items
+    int64_t credit = 0;    // rows it may still take this turn (deficit round robin)
+    bool fresh = true;     // in fresh_ (just became active), else in rounds_
+    uint64_t taken_in = 0;  // the last Take (takes_) that took one of its requests
+  };
   // Take's wake-up conditions (absl::Mutex re-evaluates them on every unlock).
   bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BatchFullOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The caller whose turn it is (cut_, else the first fresh one, else the round's), or nullptr.
+  Caller* Next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `c` out of its turn list and forgets it (its queue is empty).
+  void Retire(Caller* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatcherOptions opts_;
   mutable absl::Mutex mu_;
-  std::deque<BatchItem> q_ ABSL_GUARDED_BY(mu_);
-  uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;  // rows in q_
+  // Callers with something queued; each is in exactly one of fresh_ and rounds_.
+  std::map<CallerKey, std::unique_ptr<Caller>> callers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Caller*> fresh_ ABSL_GUARDED_BY(mu_);   // became active, first turn not yet over
+  std::deque<Caller*> rounds_ ABSL_GUARDED_BY(mu_);  // the round robin
+  Caller* cut_ ABSL_GUARDED_BY(mu_) = nullptr;       // its head ended the last batch: goes first
+  uint64_t takes_ ABSL_GUARDED_BY(mu_) = 0;      // Take calls so far
+  uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;       // rows queued, every caller
+  size_t requests_ ABSL_GUARDED_BY(mu_) = 0;     // requests queued, every caller
   absl::Status closed_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   InlineRunner* runner_ ABSL_GUARDED_BY(mu_) = nullptr;
   Dropped dropped_ ABSL_GUARDED_BY(mu_);

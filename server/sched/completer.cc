@@ -28,6 +28,9 @@ void Completer::Submit(std::vector<BatchItem> items, const BatchRowsResult& resu
   Job job;
   {
     absl::MutexLock l(&mu_);
+    // One batch at a time: the engine computes the next while this one is answered, then waits
+    // here; so one payload copy is held, and a later batch's answers never queue behind others'.
+    mu_.Await(absl::Condition(this, &Completer::Idle));
     if (!spare_.empty()) {
       job.bytes = std::move(spare_.back());
       spare_.pop_back();

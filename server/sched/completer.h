@@ -1,7 +1,9 @@
 // The batch loop's second stage: answers a finished batch's requests (combining their shards,
 // serializing, handing to gRPC) on its own thread while the engine thread runs the next batch.
 // It takes its own copy of the gathered payload, since the engine reuses its buffers; copies are
-// recycled, so a steady load allocates nothing here.
+// recycled, so a steady load allocates nothing here. One batch at a time: the engine thread
+// computes the next batch meanwhile and then waits for this one to be answered before handing the
+// next over (answers are the product: it runs no further ahead of them than one batch).
 //
 // Threads: Submit, Busy and Drain from whoever drives the engine (one thread at a time: BatchLoop's
 // engine lock); the completions run on the completer's thread, one batch at a time, in submission
@@ -28,7 +30,8 @@ class Completer {
   Completer();
   ~Completer();  // Drain, then stops the thread
 
-  // Answers `items` from `result` (its pointers copied now: valid only during this call).
+  // Answers `items` from `result` (its pointers copied now: valid only during this call). Waits
+  // first until the batch submitted before is answered: one batch's payload is held here at most.
   void Submit(std::vector<BatchItem> items, const BatchRowsResult& result,
               Clock::time_point started);
   // Whether a submitted batch is not yet fully answered (then a later batch must queue behind it).

@@ -136,6 +136,19 @@ void Metrics::SetQueueDepth(uint32_t rows, uint32_t requests) {
   queue_requests_ = requests;
 }
 
+void Metrics::SetCallerQueues(const std::map<std::string, std::pair<uint32_t, uint32_t>>& by_class) {
+  absl::MutexLock l(&mu_);
+  for (auto& [cls, depth] : caller_queues_) depth = {0, 0};
+  for (const auto& [cls, depth] : by_class) caller_queues_[cls] = depth;
+}
+
+void Metrics::RecordCallerWait(const std::string& cls, double seconds) {
+  absl::MutexLock l(&mu_);
+  auto it = caller_wait_s_.find(cls);
+  if (it == caller_wait_s_.end()) it = caller_wait_s_.emplace(cls, Histogram(LatencyBounds())).first;
+  it->second.Observe(seconds);
+}
+
 void Metrics::SetRankHealth(int rank, bool up) {
   absl::MutexLock l(&mu_);
   if (rank >= 0 && rank < world_) rank_up_[rank] = up ? 1 : 0;
@@ -191,6 +204,16 @@ std::string Metrics::Render() const {
   absl::StrAppend(&out, "drafthead_queue_rows ", queue_rows_, "\n");
   Header(&out, "drafthead_queue_requests", "gauge", "Requests waiting in the queue.");
   absl::StrAppend(&out, "drafthead_queue_requests ", queue_requests_, "\n");
+  Header(&out, "drafthead_caller_queue_rows", "gauge", "Rows waiting in the queue, by caller class.");
+  for (const auto& [cls, depth] : caller_queues_)
+    absl::StrAppend(&out, "drafthead_caller_queue_rows{class=\"", cls, "\"} ", depth.first, "\n");
+  Header(&out, "drafthead_caller_queue_callers", "gauge", "Callers with requests waiting, by caller class.");
+  for (const auto& [cls, depth] : caller_queues_)
+    absl::StrAppend(&out, "drafthead_caller_queue_callers{class=\"", cls, "\"} ", depth.second, "\n");
+  Header(&out, "drafthead_caller_queue_seconds", "histogram",
+         "Time a request waited in the queue (enqueue to its batch's start), by caller class.");
+  for (const auto& [cls, h] : caller_wait_s_)
+    h.Render("drafthead_caller_queue_seconds", absl::StrCat("class=\"", cls, "\""), &out);
   Header(&out, "drafthead_rank_up", "gauge", "1 while a rank has its shard and answers.");
   for (int r = 0; r < world_; ++r)
     absl::StrAppend(&out, "drafthead_rank_up{rank=\"", r, "\"} ", rank_up_[r], "\n");

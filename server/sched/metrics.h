@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -78,6 +79,11 @@ class Metrics {
   // gRPC (serializing it: unary Finish / stream StartWrite).
   void RecordRequestStages(uint32_t validate_us, uint32_t combine_us, uint32_t answer_us);
   void SetQueueDepth(uint32_t rows, uint32_t requests);
+  // What waits per caller class (batcher.h's CallerKey::cls): class -> (rows, callers with
+  // something queued). A class seen before and absent now reads 0.
+  void SetCallerQueues(const std::map<std::string, std::pair<uint32_t, uint32_t>>& by_class);
+  // One request's wait in the queue (enqueue to its batch's start), by caller class.
+  void RecordCallerWait(const std::string& cls, double seconds);
   void SetRankHealth(int rank, bool up);
   void SetWeightBytes(int rank, uint64_t bytes);
   void SetServing(bool serving);
@@ -99,6 +105,8 @@ class Metrics {
   std::vector<Histogram> stage_s_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t queue_rows_ ABSL_GUARDED_BY(mu_) = 0, queue_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::pair<uint32_t, uint32_t>> caller_queues_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Histogram> caller_wait_s_ ABSL_GUARDED_BY(mu_);
   std::vector<int> rank_up_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> weight_bytes_ ABSL_GUARDED_BY(mu_);
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
