@@ -39,7 +39,8 @@ using Service = G::WithCallbackMethod_ServerLive<G::WithCallbackMethod_ServerRea
             G::WithCallbackMethod_SystemSharedMemoryStatus<G::WithCallbackMethod_SystemSharedMemoryRegister<
                 G::WithCallbackMethod_SystemSharedMemoryUnregister<G::WithCallbackMethod_CudaSharedMemoryStatus<
                     G::WithCallbackMethod_CudaSharedMemoryRegister<G::WithCallbackMethod_CudaSharedMemoryUnregister<
-                        G::Service>>>>>>>>>>>>>>;
+                        G::WithCallbackMethod_ModelStatistics<G::WithCallbackMethod_RepositoryIndex<
+                            G::Service>>>>>>>>>>>>>>>>;
 }  // namespace kserve_base
 
 class KServeService final : public kserve_base::Service {

@@ -33,7 +33,8 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 using DraftHeadServiceBase = v1::DraftHead::WithCallbackMethod_ComputeLogits<
     v1::DraftHead::WithRawCallbackMethod_StreamLogits<v1::DraftHead::WithCallbackMethod_GetModelInfo<
         v1::DraftHead::WithCallbackMethod_RegisterRegion<v1::DraftHead::WithCallbackMethod_UnregisterRegion<
-            v1::DraftHead::Service>>>>>;
+            v1::DraftHead::WithCallbackMethod_OpenLane<v1::DraftHead::WithCallbackMethod_CloseLane<
+                v1::DraftHead::Service>>>>>>>;
 
 class DraftHeadService final : public DraftHeadServiceBase {
  public:
