@@ -59,7 +59,10 @@ class ClientHabitsTest(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix="dh-kserve-habits-")
         cls.server = RealServer(["--synthetic=4", f"--hidden-size={K}", f"--padded-vocab={PADDED}", "--tp=3",
                                  "--backend=cpu", "--comm=gloo", f"--max-rows={MAX_ROWS}",
-                                 "--shared-memory=system"], cls.dir)
+                                 "--shared-memory=system",
+                                 # Row 5 queues 24 x 64 rows on one stream at once: above the default
+                                 # per-caller bound (1024 rows, issue 24), which would refuse the tail.
+                                 "--max-caller-queue-rows=4096"], cls.dir)
         cls.channel = grpc.insecure_channel(cls.server.target)
         cls.kserve = kpb_grpc.GRPCInferenceServiceStub(cls.channel)
         cls.native = pb_grpc.DraftHeadStub(cls.channel)
