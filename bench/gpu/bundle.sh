@@ -36,8 +36,9 @@ for b in "${bins[@]}"; do
 done
 bash "${DRAFTHEAD_SHARED:-$root/../shared}/tools/bundle-libs.sh" "$stage/lib" "${bins[@]}" >/dev/null
 strip --strip-unneeded "$stage"/lib/* 2>/dev/null || true
-# The generated Python stubs (the GPU machine has grpcio and protobuf, not protoc).
-[ -d "$build/client/python_gen" ] && cp -r "$build/client/python_gen/." "$stage/python/"
+# The staged Python package, stubs (and the lane's library) in it: the GPU machine has grpcio and
+# protobuf, not protoc. env.sh puts it on PYTHONPATH ahead of the source tree's copy.
+[ -d "$build/client/python/pkg/drafthead_client" ] && cp -r "$build/client/python/pkg/drafthead_client" "$stage/python/"
 mkdir -p "$out"
 # Written beside and renamed into place: a device call that copies the tree meanwhile sees the old
 # bundle or the new one, never half of one.
