@@ -13,7 +13,8 @@ if(DRAFTHEAD_PYTHON)
   # the wheel (drafthead_python_wheel, part of the build) into a fresh venv that sees Debian's
   # grpcio, protobuf and numpy (--system-site-packages); the tests run its python with no PYTHONPATH.
   set(DRAFTHEAD_VENV_PYTHON ${DRAFTHEAD_PYTHON_DIR}/venv/bin/python CACHE INTERNAL "the installed client's python")
-  set(_client_py_env "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}" "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  set(_client_py_env "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}" "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+                     "DRAFTHEAD_PYTHON=${DRAFTHEAD_PYTHON}")
   add_test(NAME client_python_install COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/client_python_install.sh
            ${DRAFTHEAD_PYTHON} ${DRAFTHEAD_PYTHON_DIR})
   set_tests_properties(client_python_install PROPERTIES FIXTURES_SETUP python_venv TIMEOUT 300 LABELS client)

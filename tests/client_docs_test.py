@@ -36,6 +36,11 @@ class DocsExamplesTest(RealServerTestCase):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         with tempfile.TemporaryDirectory(prefix="dh-docs-") as work:
             os.symlink(os.path.abspath(BIN), os.path.join(work, "build"))
+            # `python3` is the system's (CMake's DRAFTHEAD_PYTHON, /usr/bin/python3 on Debian), as on
+            # a fresh machine, even where another python3 comes first on PATH (pyenv).
+            os.mkdir(os.path.join(work, ".bin"))
+            os.symlink(os.environ.get("DRAFTHEAD_PYTHON", "/usr/bin/python3"), os.path.join(work, ".bin", "python3"))
+            env["PATH"] = os.path.join(work, ".bin") + os.pathsep + env.get("PATH", "")
             p = subprocess.run(["bash", "-euo", "pipefail", "-c", install[0]], cwd=work, env=env, capture_output=True,
                                text=True, timeout=600)
             self.assertEqual(p.returncode, 0, f"install block failed:\n{p.stdout}\n{p.stderr}")
