@@ -1,7 +1,8 @@
 """docs/client.md's Python section as a new user runs it: the install block (the build's wheel
 into a fresh venv with pip; `build` is this build folder) and then every Python example marked
 `<!-- example -->`, each run as a script by that venv's python against a CPU drafthead-server (the
-examples' 127.0.0.1:50051 replaced by its address). No PYTHONPATH. About 20 s."""
+examples' 127.0.0.1:50051 replaced by its address); the examples also pass `mypy --strict` against
+the installed package. No PYTHONPATH. About 30 s."""
 
 import os
 import re
@@ -47,11 +48,20 @@ class DocsExamplesTest(RealServerTestCase):
             venvs = [d for d in os.listdir(work) if os.path.exists(os.path.join(work, d, "bin", "python"))]
             self.assertEqual(len(venvs), 1, venvs)
             py = os.path.join(work, venvs[0], "bin", "python")
+            files = []
             for i, code in enumerate(python):
                 self.assertIn("127.0.0.1:50051", code)
                 p = subprocess.run([py, "-c", code.replace("127.0.0.1:50051", self.target)], cwd=work, env=env,
                                    capture_output=True, text=True, timeout=120)
                 self.assertEqual(p.returncode, 0, f"example {i + 1} failed:\n{code}\n{p.stdout}\n{p.stderr}")
+                files.append(os.path.join(work, f"example{i + 1}.py"))
+                with open(files[-1], "w") as f:
+                    f.write(code)
+            # A user's code type-checks against the installed package (py.typed, the stubs' .pyi).
+            p = subprocess.run([os.environ.get("DRAFTHEAD_PYTHON", "/usr/bin/python3"), "-m", "mypy", "--strict",
+                                "--no-incremental", "--python-executable", py] + files, cwd=work, env=env,
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, f"mypy --strict on the examples:\n{p.stdout}\n{p.stderr}")
 
 
 if __name__ == "__main__":
