@@ -13,8 +13,10 @@ if(DRAFTHEAD_PYTHON)
   # the wheel (drafthead_python_wheel, part of the build) into a fresh venv that sees Debian's
   # grpcio, protobuf and numpy (--system-site-packages); the tests run its python with no PYTHONPATH.
   set(DRAFTHEAD_VENV_PYTHON ${DRAFTHEAD_PYTHON_DIR}/venv/bin/python CACHE INTERNAL "the installed client's python")
+  # DRAFTHEAD_LANE_SO: the lane's library when the build has it; then the wheel must carry it.
   set(_client_py_env "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}" "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
-                     "DRAFTHEAD_PYTHON=${DRAFTHEAD_PYTHON}")
+                     "DRAFTHEAD_PYTHON=${DRAFTHEAD_PYTHON}"
+                     "DRAFTHEAD_LANE_SO=$<$<TARGET_EXISTS:drafthead_lane_c>:$<TARGET_FILE:drafthead_lane_c>>")
   add_test(NAME client_python_install COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/client_python_install.sh
            ${DRAFTHEAD_PYTHON} ${DRAFTHEAD_PYTHON_DIR})
   set_tests_properties(client_python_install PROPERTIES FIXTURES_SETUP python_venv TIMEOUT 300 LABELS client)

@@ -48,6 +48,10 @@ class InstalledPackageTest(unittest.TestCase):
         # The lane's library travels in the wheel when the build has it, and then the wheel is
         # for linux x86-64 only.
         native = any(f.startswith("drafthead_client/_native/") and f.endswith(".so") for f in files)
+        lane = os.environ.get("DRAFTHEAD_LANE_SO", "")
+        self.assertEqual(native, bool(lane), f"the build's lane library: '{lane}'; in the wheel: {native}")
+        if lane:
+            self.assertIn("drafthead_client/_native/" + os.path.basename(lane), files)
         tags = [ln.split(": ", 1)[1] for ln in (dist.read_text("WHEEL") or "").splitlines() if ln.startswith("Tag: ")]
         self.assertEqual(tags, ["py3-none-linux_x86_64"] if native else ["py3-none-any"])
 
