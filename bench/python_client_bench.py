@@ -2,10 +2,10 @@
 """Latency of the Python client as a scheduler sees it (issue 11): one call at a time, hidden rows
 in (torch on the GPU when --device=cuda, else numpy bf16 bits), results back where the input lives
 (torch: on the input's device, synchronized before the clock stops). Prints one Markdown row per
-case: calls measured, p50 / p90 / p99 in microseconds.
+case: calls measured, p50 / p90 / p99 in microseconds. With the drafthead_client package importable
+(its wheel installed, or bench/gpu/env.sh's bundle on the GPU machine):
 
-    PYTHONPATH=client/python:<build>/client/python_gen \\
-      python3 bench/python_client_bench.py --target=127.0.0.1:50051 --device=cuda --seconds=5
+    python3 bench/python_client_bench.py --target=127.0.0.1:50051 --device=cuda --seconds=5
 """
 
 import argparse

@@ -40,7 +40,8 @@ import statistics as st
 g = [float(v) for v in '${grpc[*]}'.split()]; l = [float(v) for v in '${lane[*]}'.split()]
 print(f'| C++ | ${m%%|*} | {st.median(g):.1f} | {st.median(l):.1f} | {st.median(l) / st.median(g):.3f} |')")")
   done
-  py=$(PYTHONPATH=client/python:$build/client/python_gen DRAFTHEAD_LANE_LIB=$build/client/libdrafthead_lane.so \
+  # The build's staged package (drafthead_client with its stubs and its own libdrafthead_lane.so).
+  py=$(PYTHONPATH=$build/client/python/pkg \
        /usr/bin/python3 bench/python_client_bench.py --target=127.0.0.1:$port --device=numpy --seconds=$secs \
        --cases=argmax1,topk5 --lane=off,required --rounds=$pairs)
   echo

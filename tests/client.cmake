@@ -9,23 +9,37 @@ add_dependencies(client_library_test drafthead-fake-server)
 add_dependencies(client_load_test drafthead-fake-server)
 
 if(DRAFTHEAD_PYTHON)
-  set(_client_py_env
-    "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN}"
-    "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}"
-    "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
-    "DRAFTHEAD_LANE_LIB=$<TARGET_FILE:drafthead_lane_c>")
-  foreach(_t client_python_test client_cli_test)
-    add_test(NAME ${_t} COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
-    set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS client)
-  endforeach()
-  # Python client == C++ client against the real CPU server (tiny shapes), when it is built.
+  # The Python tests run the installed package: client_python_install builds nothing, it installs
+  # the wheel (drafthead_python_wheel, part of the build) into a fresh venv that sees Debian's
+  # grpcio, protobuf and numpy (--system-site-packages); the tests run its python with no PYTHONPATH.
+  set(DRAFTHEAD_VENV_PYTHON ${DRAFTHEAD_PYTHON_DIR}/venv/bin/python CACHE INTERNAL "the installed client's python")
+  # DRAFTHEAD_LANE_SO: the lane's library when the build has it; then the wheel must carry it.
+  set(_client_py_env "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}" "DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+                     "DRAFTHEAD_PYTHON=${DRAFTHEAD_PYTHON}"
+                     "DRAFTHEAD_LANE_SO=$<$<TARGET_EXISTS:drafthead_lane_c>:$<TARGET_FILE:drafthead_lane_c>>")
+  add_test(NAME client_python_install COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/client_python_install.sh
+           ${DRAFTHEAD_PYTHON} ${DRAFTHEAD_PYTHON_DIR})
+  set_tests_properties(client_python_install PROPERTIES FIXTURES_SETUP python_venv TIMEOUT 300 LABELS client)
+  # The package type-checks (Debian's mypy; config in client/python/pyproject.toml).
+  add_test(NAME client_python_mypy COMMAND ${DRAFTHEAD_PYTHON} -m mypy -p drafthead_client
+           WORKING_DIRECTORY ${DRAFTHEAD_PYTHON_DIR}/pkg)
+  set_tests_properties(client_python_mypy PROPERTIES TIMEOUT 300 LABELS client)
+  set(_py_tests client_python_test client_cli_test)
+  # Against the real CPU server (tiny shapes), when it is built: Python client == C++ client; the
+  # installed package in every mode, sync and asyncio; docs/client.md's examples; shared-memory
+  # regions from Python and the DSpark adapter (POSIX regions); the same-host lane from Python
+  # (the installed package's own libdrafthead_lane.so, drafthead_client/_native).
   if(TARGET drafthead-server)
-    add_test(NAME client_e2e_parity_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/client_e2e_parity_test.py)
-    set_tests_properties(client_e2e_parity_test PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS "client;e2e")
-    # Shared-memory regions from Python and the DSpark adapter (POSIX regions, CPU server).
-    foreach(_t dspark_adapter_test client_regions_test client_lane_test)
-      add_test(NAME ${_t} COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
-      set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS "client;e2e")
-    endforeach()
+    list(APPEND _py_tests client_e2e_parity_test client_package_test client_docs_test dspark_adapter_test
+                          client_regions_test client_lane_test)
+  endif()
+  foreach(_t ${_py_tests})
+    add_test(NAME ${_t} COMMAND ${DRAFTHEAD_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
+    set_tests_properties(${_t} PROPERTIES ENVIRONMENT "${_client_py_env}" TIMEOUT 300 LABELS client
+                         FIXTURES_REQUIRED python_venv)
+  endforeach()
+  if(TARGET drafthead-server)
+    set_property(TEST client_e2e_parity_test client_package_test client_docs_test dspark_adapter_test
+                 client_regions_test client_lane_test APPEND PROPERTY LABELS e2e)
   endif()
 endif()

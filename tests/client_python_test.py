@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client_test_util import CLIENT, Child, bf16_bits, bf16_float, read_safetensors, toy_logits, write_safetensors  # noqa: E402
 
 import drafthead_client as dc  # noqa: E402
-from drafthead.v1 import drafthead_pb2 as pb  # noqa: E402
+from drafthead_client import pb  # noqa: E402
 
 K, V = 48, 300
 

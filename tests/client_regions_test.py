@@ -1,9 +1,11 @@
 """Shared-memory regions from the Python client and the load tester, against a real CPU
 drafthead-server (--shared-memory=system, tp=2, cropped vocabulary): numpy arrays in a registered
 POSIX region give the bytes path's answers bit for bit, errors carry the server's codes, a closed
-region is gone, and `drafthead-client load --shared-memory=system` reports like the bytes path.
+region is gone, the asyncio client registers and computes in a region too, and `drafthead-client load
+--shared-memory=system` reports like the bytes path.
 About 4 s."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -52,6 +54,39 @@ class ClientRegionsTest(RealServerTestCase):
         with self.assertRaises(dc.DraftHeadError) as e:  # closed: gone from the server
             self.head.compute_in_regions("argmax", 5, r.slice(64, 5 * K * 2))
         self.assertEqual(e.exception.code, "NOT_FOUND")
+
+    def test_the_async_client_registers_and_computes_in_regions(self):
+        from multiprocessing import shared_memory
+        rng = np.random.default_rng(2)
+        bits = bf16_bits(rng.standard_normal((3, K)).astype(np.float32))
+        want = self.head.logits(bits, dtype="fp32")
+        shm = shared_memory.SharedMemory(create=True, size=1 << 16)
+        try:
+            x = np.ndarray((3, K), np.uint16, buffer=shm.buf)
+            y = np.ndarray((3, VOCAB), np.float32, buffer=shm.buf, offset=x.nbytes)
+            x[:] = bits
+
+            async def run():
+                async with dc.AsyncRemoteDraftHead(self.target) as head:
+                    await head.register_region(dc.pb.RegisterRegionRequest(
+                        name="aio", kind=dc.pb.SYSTEM, shm_key="/" + shm.name.lstrip("/"), byte_size=1 << 16))
+                    hid = dc.pb.RegionSlice(region="aio", offset=0, byte_size=x.nbytes)
+                    out = dc.pb.RegionSlice(region="aio", offset=x.nbytes, byte_size=y.nbytes)
+                    await head.compute_in_regions("full", 3, hid, logits_region=out, dtype="fp32")
+                    top = await head.compute_in_regions("topk", 3, hid, k=4)
+                    await head.unregister_region("aio")
+                    with self.assertRaises(dc.DraftHeadError) as e:
+                        await head.compute_in_regions("argmax", 3, hid)
+                    self.assertEqual(e.exception.code, "NOT_FOUND")
+                    return top
+
+            top = asyncio.run(run())
+            np.testing.assert_array_equal(y, want)
+            np.testing.assert_array_equal(np.asarray(top.token_ids).reshape(3, 4), self.head.topk(bits, 4).ids)
+            del x, y
+        finally:
+            shm.close()
+            shm.unlink()
 
     def test_load_tester_through_a_region(self):
         reports = {}

@@ -29,8 +29,8 @@ set_property(TEST deploy_build APPEND PROPERTY REQUIRED_FILES ${CMAKE_BINARY_DIR
 # cannot run containers at all. Run alone: the image build compiles the project on every core
 # (~10-15 min on 2 cores), which would only slow the tests beside it.
 if(DRAFTHEAD_PYTHON)
-  add_test(NAME deploy_container COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/deploy_container_test.py)
+  add_test(NAME deploy_container COMMAND ${DRAFTHEAD_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/deploy_container_test.py)
   set_tests_properties(deploy_container PROPERTIES TIMEOUT 3600 LABELS "deploy;container" SKIP_RETURN_CODE 77
-    RUN_SERIAL TRUE ENVIRONMENT "${_deploy_env};PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN}"
+    RUN_SERIAL TRUE FIXTURES_REQUIRED python_venv ENVIRONMENT "${_deploy_env}"
     REQUIRED_FILES "${CMAKE_BINARY_DIR}/server/drafthead-server;${CMAKE_BINARY_DIR}/client/drafthead-client")
 endif()

@@ -13,10 +13,11 @@ set_tests_properties(kserve_node_test PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
   ENVIRONMENT "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 
 if(DRAFTHEAD_PYTHON)
-  add_test(NAME kserve_python_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_python_test.py)
-  set_tests_properties(kserve_python_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" ENVIRONMENT
-    "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN};DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
-  add_test(NAME kserve_client_habits_test COMMAND ${DRAFTHEAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_client_habits_test.py)
-  set_tests_properties(kserve_client_habits_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" ENVIRONMENT
-    "PYTHONPATH=${CMAKE_SOURCE_DIR}/client/python:${DRAFTHEAD_PYTHON_GEN};DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}")
+  # The KServe stubs come with the installed client package (drafthead_client._gen.inference).
+  add_test(NAME kserve_python_test COMMAND ${DRAFTHEAD_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_python_test.py)
+  set_tests_properties(kserve_python_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" FIXTURES_REQUIRED python_venv
+    ENVIRONMENT "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR};DRAFTHEAD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  add_test(NAME kserve_client_habits_test COMMAND ${DRAFTHEAD_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/kserve_client_habits_test.py)
+  set_tests_properties(kserve_client_habits_test PROPERTIES TIMEOUT 300 LABELS "e2e;kserve" FIXTURES_REQUIRED python_venv
+    ENVIRONMENT "DRAFTHEAD_BIN_DIR=${CMAKE_BINARY_DIR}")
 endif()

@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client_test_util import RealServer, bf16_bits  # noqa: E402
 
-from drafthead.v1 import drafthead_pb2 as pb, drafthead_pb2_grpc as pb_grpc  # noqa: E402
-from inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
+from drafthead_client import pb, pb_grpc  # noqa: E402
+from drafthead_client._gen.inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
 
 K, PADDED, MAX_ROWS, MODEL = 128, 16384, 64, "drafthead"
 TIMEOUT = 60

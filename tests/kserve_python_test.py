@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client_test_util import BIN, CLIENT, RealServer, bf16_bits, free_port, stop  # noqa: E402
 
-from drafthead.v1 import drafthead_pb2 as pb, drafthead_pb2_grpc as pb_grpc  # noqa: E402
-from inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
+from drafthead_client import pb, pb_grpc  # noqa: E402
+from drafthead_client._gen.inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
 
 SERVER = os.path.join(BIN, "server", "drafthead-server")
 K, PADDED, MODEL = 128, 2048, "lmhead"

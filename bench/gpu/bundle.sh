@@ -36,10 +36,12 @@ for b in "${bins[@]}"; do
 done
 bash "${DRAFTHEAD_SHARED:-$root/../shared}/tools/bundle-libs.sh" "$stage/lib" "${bins[@]}" >/dev/null
 strip --strip-unneeded "$stage"/lib/* 2>/dev/null || true
-# The generated Python stubs (the GPU machine has grpcio and protobuf, not protoc).
-[ -d "$build/client/python_gen" ] && cp -r "$build/client/python_gen/." "$stage/python/"
+# The staged Python package, stubs (and the lane's library) in it: the GPU machine has grpcio and
+# protobuf, not protoc. env.sh puts it on PYTHONPATH ahead of the source tree's copy.
+[ -d "$build/client/python/pkg/drafthead_client" ] && cp -r "$build/client/python/pkg/drafthead_client" "$stage/python/"
 mkdir -p "$out"
-# The lane's C ABI library (a .so, so not among the programs above), for the Python client.
+# The lane's C ABI library (a .so, so not among the programs above), for the Python client: the
+# staged package above carries it too (drafthead_client/_native); lane.sh points DRAFTHEAD_LANE_LIB here.
 [ -f "$build/client/libdrafthead_lane.so" ] && cp "$build/client/libdrafthead_lane.so" "$stage/lib/"
 # The in-process original (../shared/seed, never committed), for the lane-vs-original table.
 seed_dir="${DRAFTHEAD_SHARED:-$root/../shared}/seed"

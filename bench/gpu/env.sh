@@ -1,6 +1,6 @@
 # On the GPU machine, from the repository root: `source bench/gpu/env.sh`. Unpacks
 # $DH_BUNDLE (default bundle-gpu/drafthead-gpu.tar.xz, made by bench/gpu/bundle.sh) into $DH (default /tmp/dh) once and
-# puts its programs, libraries and Python stubs on the paths.
+# puts its programs, libraries and the Python package (drafthead_client, with its stubs) on the paths.
 DH=${DH:-/tmp/dh}
 DH_BUNDLE=${DH_BUNDLE:-bundle-gpu/drafthead-gpu.tar.xz}
 if [ ! -x "$DH/bin/server/drafthead-server" ]; then

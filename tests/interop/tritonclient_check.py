@@ -8,7 +8,7 @@ every answer compared bit for bit with drafthead's native Python client (drafthe
                                           # OUT/python (add OUT/python to PYTHONPATH below)
   build/server/drafthead-server --tp=1 --backend=cpu --comm=gloo --synthetic=1 --hidden-size=256 \
       --padded-vocab=2048 --shared-memory=system --listen=127.0.0.1:PORT &
-  PORT=PORT PYTHONPATH=client/python:build/client/python_gen python3 tests/interop/tritonclient_check.py
+  PORT=PORT build/client/python/venv/bin/python tests/interop/tritonclient_check.py   # the drafthead_client wheel installed
 
 Prints PASS/FAIL per check; exit 1 if any failed. Last run: docs/client.md ("KServe v2 / Triton").
 """

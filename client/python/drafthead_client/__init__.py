@@ -22,49 +22,59 @@ Errors raise DraftHeadError (a RuntimeError) carrying the gRPC status code name;
 in a response raises it too. UNAVAILABLE is retried with exponential backoff (bounded attempts),
 all within the call's deadline.
 
+AsyncRemoteDraftHead (drafthead_client.aio) has the same methods as coroutines over grpc.aio.
+
+A caller on the server's host (a server started with --lanes) sends its calls through a same-host
+lane, shared-memory rings instead of gRPC (docs/lane.md, drafthead_client.lane): lane="auto" (the
+default) takes one when it can, "off" never, "required" raises when none opens. torch CUDA tensors
+then stay on their GPU, ordered on the caller's stream (RemoteDraftHead; wait=False, synchronize()).
+
 Callers on the server's host can skip the wire (servers started with --shared-memory): see
 drafthead_client.regions (numpy arrays in a POSIX region, torch / cupy CUDA tensors registered by
 their IPC handle) and compute_in_regions below; drafthead_client.dspark_adapter puts the DSpark
 draft's head on the server through CUDA regions.
 
-The generated stubs (drafthead.v1, drafthead_health.v1) come from the build: put the build's
-client/python_gen directory on sys.path (or PYTHONPATH), or set DRAFTHEAD_PY_STUBS to it.
+The generated stubs live in drafthead_client._gen (the build generates them into the wheel);
+`pb` and `pb_grpc` name drafthead.v1's messages and service.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import sys
 import threading
 import time
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import (Any, Callable, Dict, Generator, Iterable, Iterator, List, Literal, NamedTuple, Optional, Tuple,
+                    TypeVar)
 
+import grpc
 import numpy as np
 
-_stubs = os.environ.get("DRAFTHEAD_PY_STUBS")
-if _stubs and _stubs not in sys.path:
-    sys.path.insert(0, _stubs)
-
-import grpc  # noqa: E402
-
 try:
-    from drafthead.v1 import drafthead_pb2 as pb  # noqa: E402
-    from drafthead.v1 import drafthead_pb2_grpc as pb_grpc  # noqa: E402
-    from drafthead_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-except ImportError as e:  # pragma: no cover - a setup error, said plainly
-    raise ImportError(
-        "drafthead_client: generated stubs not found; build the drafthead_python_stubs target and put "
-        "<build>/client/python_gen on PYTHONPATH (or set DRAFTHEAD_PY_STUBS)") from e
+    from ._gen.drafthead.v1 import drafthead_pb2 as pb
+    from ._gen.drafthead.v1 import drafthead_pb2_grpc as pb_grpc
+    from ._gen.drafthead_health.v1 import health_pb2, health_pb2_grpc
+except ImportError as e:  # pragma: no cover - a source checkout, said plainly
+    raise ImportError("drafthead_client: generated stubs not found; install the wheel the build makes "
+                      "(cmake --build BUILD --target drafthead_python_wheel, docs/client.md)") from e
 
 try:  # torch is optional
-    import torch  # type: ignore
+    import torch
 except ImportError:  # pragma: no cover
     torch = None
 
-__all__ = ["RemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float32", "float32_to_bf16",
-           "DEFAULT_MAX_MESSAGE_BYTES"]
+from ._version import __version__
+from .lane import Lane, LaneUnavailable
+
+__all__ = ["RemoteDraftHead", "AsyncRemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float32",
+           "float32_to_bf16", "DEFAULT_MAX_MESSAGE_BYTES", "pb", "pb_grpc", "__version__"]
+
+DType = Literal["bf16", "fp32"]
+HeadKind = Literal["fp8", "bf16"]
+Mode = Literal["full", "topk", "argmax", "sample"]
+LaneMode = Literal["auto", "off", "required"]
+# numpy array (uint16 bf16 bits or a float type), torch tensor, or bytes-like rows.
+Hidden = Any
 
 # A full-logits answer for 64 fp32 rows of the default 129280-token vocabulary, plus headroom.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 129280 * 4 + (4 << 20)
@@ -111,25 +121,35 @@ def float32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 _DTYPES = {"bf16": pb.BF16, "fp32": pb.FP32}
 _HEADS = {"fp8": pb.FP8_TWIN, "bf16": pb.BF16_EXACT}
+_MODES = {"full": pb.FULL_LOGITS, "topk": pb.TOP_K, "argmax": pb.ARGMAX, "sample": pb.SAMPLE}
+
+T = TypeVar("T")
+# A call's logic without its I/O: yields each LogitsRequest, is sent its checked LogitsResponse,
+# returns the result. RemoteDraftHead and AsyncRemoteDraftHead drive the same plans (_drive).
+Plan = Generator[Any, Any, T]
 
 
 class _Encoded(NamedTuple):
     data: bytes
     rows: int
-    dtype: int           # pb.BF16 / pb.FP32
+    dtype: Any           # pb.BF16 / pb.FP32
     kind: str            # "bytes" | "numpy_bf16" | "numpy_f32" | "torch"
-    lead_shape: tuple    # leading dimensions of the input
+    lead_shape: Tuple[int, ...]  # leading dimensions of the input
     device: Any          # torch device, or None
 
 
-class RemoteDraftHead:
-    """A drafthead server as an LM head. Thread-safe (one gRPC channel, shared)."""
+class _HeadBase:
+    """What the sync and asyncio clients share: options, retry policy, encoding, each call's plan
+    (requests out, answers checked and decoded), and the same-host lane's policy (when to open
+    one, when to drop it). The only I/O here is blocking: _call_blocking and _lane_open, which
+    the asyncio client runs in a worker thread."""
+    _info: Optional[Dict[str, Any]]  # GetModelInfo as a dict, once fetched
 
     def __init__(self, target: str, *, tls: bool = False, root_ca: Optional[str] = None,
                  cert: Optional[str] = None, key: Optional[str] = None, server_name: Optional[str] = None,
                  timeout: float = 30.0, attempts: int = 3, initial_backoff: float = 0.05,
                  max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 balance_replicas: bool = False, lane: str = "auto", lane_depth: int = 8):
+                 balance_replicas: bool = False, lane: LaneMode = "auto", lane_depth: int = 8):
         """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS).
 
         balance_replicas: the target names several replicas (``dns:///drafthead-headless.NS.svc.
@@ -141,108 +161,157 @@ class RemoteDraftHead:
         lane: "auto" (default) sends calls through a same-host lane (shared-memory rings,
         docs/lane.md) when the server is on this host and offers one, else over gRPC; a lane that
         breaks sends later calls over gRPC. "off": gRPC only. "required": calls raise
-        DraftHeadError with the reason when no lane can be opened."""
+        DraftHeadError with the reason when no lane can be opened. lane_depth: the lane's slots
+        (calls in flight on it at once)."""
         if lane not in ("auto", "off", "required"):
             raise ValueError(f"lane must be 'auto', 'off' or 'required', not {lane!r}")
         if bool(cert) != bool(key):
             raise ValueError("cert and key go together (mTLS needs both)")
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.enable_retries", 0)]
+        opts: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes),
+                                       ("grpc.max_send_message_length", max_message_bytes),
+                                       ("grpc.enable_retries", 0)]
         if balance_replicas:
             opts.append(("grpc.service_config", BALANCED_SERVICE_CONFIG))
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
+        self._creds: Optional[grpc.ChannelCredentials] = None
         if tls or root_ca or cert:
-            def read(p):
+            def read(p: Optional[str]) -> Optional[bytes]:
+                if not p:
+                    return None
                 with open(p, "rb") as f:
                     return f.read()
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=read(root_ca) if root_ca else None,
-                private_key=read(key) if key else None,
-                certificate_chain=read(cert) if cert else None)
-            self._channel = grpc.secure_channel(target, creds, options=opts)
-        else:
-            self._channel = grpc.insecure_channel(target, options=opts)
-        self._stub = pb_grpc.DraftHeadStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+            self._creds = grpc.ssl_channel_credentials(root_certificates=read(root_ca), private_key=read(key),
+                                                       certificate_chain=read(cert))
+        self._options = opts
         self.target = target
         self.timeout = timeout
         self.attempts = max(1, int(attempts))
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
         self._info = None
-        self.lane_mode = lane
+        self.lane_mode: LaneMode = lane
         self._lane_depth = lane_depth
-        self._lane = None
-        self._lane_error: Optional[DraftHeadError] = None
-        self._lane_retry_at = 0.0
+        self._lane: Optional[Lane] = None
+        self._lane_error: Optional[DraftHeadError] = None  # why the last lane could not open (or broke)
+        self._lane_retry_at = 0.0                         # no new lane before this (time.monotonic)
         self._lane_lock = threading.Lock()
+        self._open()
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-    def close(self) -> None:
-        with self._lane_lock:
-            lane, self._lane = self._lane, None
-        if lane is not None:
-            lane.close()
-        self._channel.close()
+    def _open(self) -> None:
+        """Opens the channel (each client its own kind)."""
+        raise NotImplementedError
 
-    def __enter__(self):
-        return self
+    def _blocking_channel(self) -> grpc.Channel:
+        """A blocking gRPC channel to the target with the client's credentials and options."""
+        if self._creds is not None:
+            return grpc.secure_channel(self.target, self._creds, options=self._options)
+        return grpc.insecure_channel(self.target, options=self._options)
 
-    def __exit__(self, *exc):
-        self.close()
-
-    # -- calls -------------------------------------------------------------------------------------
-    def _call(self, method, request, timeout: Optional[float]):
-        """One call with bounded retries on UNAVAILABLE, all inside one deadline."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+    def _call_blocking(self, method: Callable[..., Any], request: Any, timeout: Optional[float]) -> Any:
+        """One blocking call with bounded retries on UNAVAILABLE, all inside one deadline."""
+        deadline = self._deadline(timeout)
         attempt = 1
         while True:
             try:
                 return method(request, timeout=max(0.001, deadline - time.monotonic()))
             except grpc.RpcError as e:
-                code = e.code()
-                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.attempts:
-                    backoff = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
-                    backoff *= 1 + 0.2 * (2 * random.random() - 1)
-                    if time.monotonic() + backoff < deadline:
-                        time.sleep(backoff)
-                        attempt += 1
-                        continue
-                raise DraftHeadError(code.name, e.details() or "") from None
+                time.sleep(self._retry_after(e, attempt, deadline))
+                attempt += 1
 
-    def info(self, refresh: bool = False) -> dict:
-        """GetModelInfo as a dict (cached)."""
-        if self._info is None or refresh:
-            m = self._call(self._stub.GetModelInfo, pb.ModelInfoRequest(), None)
-            self._info = {
-                "hidden_size": m.hidden_size, "vocab_size": m.vocab_size, "padded_vocab": m.padded_vocab,
+    # -- the same-host lane's policy -----------------------------------------------------------------
+    def _lane_wanted(self, req: Any) -> bool:
+        """Whether `req` may go through a lane: the mode allows one and its rows are inline."""
+        return self.lane_mode != "off" and not req.HasField("hidden_region") and not req.HasField("logits_region")
+
+    def _lane_now(self) -> Tuple[Optional[Lane], bool]:
+        """(the open lane or None, whether to try to open one now). In "required" mode, while no
+        lane is open and the next try is not due, raises the last reason."""
+        lane = self._lane
+        if lane is not None:
+            return lane, False
+        if time.monotonic() < self._lane_retry_at:
+            if self.lane_mode == "required" and self._lane_error is not None:
+                raise self._lane_error
+            return None, False
+        return None, True
+
+    def _lane_open(self, stub: Any, call: Callable[..., Any], cuda_device: Any = None) -> Optional[Lane]:
+        """The open lane, opening one when due (blocking: GetModelInfo and OpenLane through `call` on
+        `stub`, a blocking stub); None: calls use gRPC. A failed open is tried again after 5 s; in
+        "required" mode it raises DraftHeadError with the reason."""
+        with self._lane_lock:
+            lane, due = self._lane_now()
+            if not due:
+                return lane
+            try:
+                info = call(stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
+                self._lane = Lane(pb, stub, info, call, DraftHeadError, depth=self._lane_depth,
+                                  cuda_device=cuda_device)
+                return self._lane
+            except (LaneUnavailable, DraftHeadError) as e:
+                self._lane_error = DraftHeadError(e.code, f"no same-host lane: {e}")
+                self._lane_retry_at = time.monotonic() + 5.0  # ask again later, not on every call
+            if self.lane_mode == "required":
+                raise self._lane_error
+            return None
+
+    def _lane_dropped(self, lane: Lane, e: DraftHeadError) -> bool:
+        """After `lane` failed a call with `e`: True when the call should go over gRPC instead (the
+        lane is gone: UNAVAILABLE in "auto" mode); then the lane is no longer the client's (a new
+        one after 1 s) and the caller closes it. False: raise `e`."""
+        if e.code != "UNAVAILABLE" or self.lane_mode == "required":
+            return False
+        with self._lane_lock:
+            if self._lane is lane:
+                self._lane, self._lane_retry_at = None, time.monotonic() + 1.0
+                self._lane_error = e
+        return True
+
+    def _lane_timeout(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _take_lane(self) -> Optional[Lane]:
+        """The open lane, no longer the client's (closing)."""
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        return lane
+
+    def _retry_after(self, e: grpc.RpcError, attempt: int, deadline: float) -> float:
+        """The backoff before attempt + 1 when `e` is worth retrying within the deadline; else
+        raises it as a DraftHeadError."""
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE and attempt < self.attempts:
+            backoff = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
+            backoff *= 1 + 0.2 * (2 * random.random() - 1)
+            if time.monotonic() + backoff < deadline:
+                return backoff
+        raise DraftHeadError(code.name, e.details() or "") from None
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
+    @staticmethod
+    def _info_dict(m: Any) -> Dict[str, Any]:
+        return {"hidden_size": m.hidden_size, "vocab_size": m.vocab_size, "padded_vocab": m.padded_vocab,
                 "tp": m.tp, "shard_rows": m.shard_rows, "max_rows": m.max_rows, "max_top_k": m.max_top_k,
                 "backend": m.backend, "comm": m.comm, "heads": [pb.Head.Name(h) for h in m.heads],
                 "weights": m.weights, "version": m.version,
                 "shared_memory": [pb.RegionKind.Name(k) for k in m.shared_memory],
                 "lanes": m.lanes, "host_id": m.host_id}
-        return self._info
 
-    def serving(self, timeout: float = 2.0) -> bool:
-        """One grpc.health.v1 check of the whole server."""
-        try:
-            r = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
-        except grpc.RpcError:
-            return False
-        return r.status == health_pb2.HealthCheckResponse.SERVING
-
-    def wait_until_serving(self, timeout: float, poll: float = 0.2) -> None:
-        end = time.monotonic() + timeout
-        while not self.serving(timeout=max(0.1, min(2.0, end - time.monotonic()))):
-            if time.monotonic() + poll >= end:
-                raise DraftHeadError("DEADLINE_EXCEEDED", f"{self.target} not SERVING within {timeout} s")
-            time.sleep(poll)
+    @staticmethod
+    def _checked(req: Any, resp: Any) -> Any:
+        """The answer to `req`, or its in-band error raised."""
+        if resp.HasField("error") and resp.error.code != 0:
+            raise DraftHeadError(_code_name(resp.error.code), resp.error.message)
+        if resp.rows != req.rows:
+            raise DraftHeadError("INTERNAL", f"malformed response: {resp.rows} rows for {req.rows}")
+        return resp
 
     # -- encoding ----------------------------------------------------------------------------------
-    def _encode(self, hidden, hidden_dtype: str = "bf16") -> _Encoded:
-        K = self.info()["hidden_size"]
+    @staticmethod
+    def _encode(hidden: Hidden, hidden_dtype: str, K: int) -> _Encoded:
         if isinstance(hidden, (bytes, bytearray, memoryview)):
             data = bytes(hidden)
             esize = 4 if hidden_dtype == "fp32" else 2
@@ -281,64 +350,157 @@ class RemoteDraftHead:
         return _Encoded(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(), rows, dtype, kind,
                         lead if lead else (), device)
 
-    def _requests(self, enc: _Encoded, mode: int, **fields) -> Iterator[Any]:
+    @staticmethod
+    def _requests(enc: _Encoded, max_rows: int, mode: Any, **fields: Any) -> Iterator[Any]:
         """The calls for `enc`, max_rows rows each."""
-        chunk = max(1, self.info()["max_rows"])
+        chunk = max(1, max_rows)
         row_bytes = len(enc.data) // enc.rows
         for r0 in range(0, enc.rows, chunk):
             n = min(chunk, enc.rows - r0)
             yield pb.LogitsRequest(request_id=r0, rows=n, hidden=enc.data[r0 * row_bytes:(r0 + n) * row_bytes],
                                    hidden_dtype=enc.dtype, mode=mode, **fields)
 
-    def lane(self, cuda_device: Any = None):
+    @staticmethod
+    def _token_fields(mode: str, head: str, k: int, probs: bool, temperature: float, seed: int) -> Dict[str, Any]:
+        """The LogitsRequest fields of a TOP_K, ARGMAX or SAMPLE call (besides rows and mode)."""
+        fields: Dict[str, Any] = {"head": _HEADS[head]}
+        if mode == "topk":
+            fields.update(top_k=int(k), return_probs=bool(probs), temperature=temperature)
+        elif mode == "sample":
+            fields.update(temperature=temperature, seed=int(seed))
+        return fields
+
+    # -- the calls' plans --------------------------------------------------------------------------
+    def _logits_plan(self, info: Dict[str, Any], hidden: Hidden, dtype: str, head: str,
+                     hidden_dtype: str) -> Plan[Any]:
+        enc = self._encode(hidden, hidden_dtype, info["hidden_size"])
+        out_dtype = _DTYPES[dtype]
+        parts, vocab = [], 0
+        for req in self._requests(enc, info["max_rows"], pb.FULL_LOGITS, logits_dtype=out_dtype, head=_HEADS[head]):
+            resp = yield req
+            esize = 4 if out_dtype == pb.FP32 else 2
+            if resp.logits_dtype != out_dtype or len(resp.logits) != req.rows * resp.vocab_size * esize:
+                raise DraftHeadError("INTERNAL", "malformed response: logits size or dtype")
+            vocab = resp.vocab_size
+            parts.append(resp.logits)
+        raw = b"".join(parts)
+        if enc.kind == "bytes":
+            return raw
+        if out_dtype == pb.FP32:
+            arr = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype="<u2").astype(np.uint16)
+        arr = arr.reshape(enc.lead_shape + (vocab,))
+        if enc.kind == "numpy_f32" and out_dtype == pb.BF16:
+            return bf16_to_float32(arr)
+        if enc.kind == "torch":
+            if out_dtype == pb.BF16:
+                t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(arr.copy())
+            return t.to(enc.device)
+        return arr
+
+    def _tokens_plan(self, info: Dict[str, Any], hidden: Hidden, mode: str, hidden_dtype: str, *, head: str,
+                     k: int = 1, probs: bool = False, temperature: float = 1.0,
+                     seed: int = 0) -> Plan[List[Any]]:
+        """TOP_K, ARGMAX or SAMPLE: [ids, values, probs or None]."""
+        enc = self._encode(hidden, hidden_dtype, info["hidden_size"])
+        fields = self._token_fields(mode, head, k, probs, temperature, seed)
+        k = int(k) if mode == "topk" else 1
+        want_probs = mode == "topk" and bool(probs)
+        ids, values, prob = [], [], []
+        for req in self._requests(enc, info["max_rows"], _MODES[mode], **fields):
+            resp = yield req
+            n = req.rows * k
+            if len(resp.token_ids) != n or len(resp.values) != n or (want_probs and len(resp.probs) != n):
+                raise DraftHeadError("INTERNAL", "malformed response: token_ids/values/probs sizes")
+            ids.append(np.asarray(resp.token_ids, dtype=np.int32))
+            values.append(np.asarray(resp.values, dtype=np.float32))
+            if want_probs:
+                prob.append(np.asarray(resp.probs, dtype=np.float32))
+        shape = enc.lead_shape + ((k,) if mode == "topk" else ())
+        out = [np.concatenate(ids).reshape(shape), np.concatenate(values).reshape(shape),
+               np.concatenate(prob).reshape(shape) if want_probs else None]
+        if enc.kind == "torch":
+            out = [None if a is None else torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).to(enc.device)
+                   for a in out]
+        return out
+
+    @staticmethod
+    def _regions_plan(mode: str, rows: int, hidden_region: Any, logits_region: Any, hidden_dtype: str, dtype: str,
+                      k: int, probs: bool, temperature: float, seed: int, head: str) -> Plan[Any]:
+        req = pb.LogitsRequest(rows=int(rows), hidden_dtype=_DTYPES[hidden_dtype], mode=_MODES[mode],
+                               logits_dtype=_DTYPES[dtype], head=_HEADS[head])
+        req.hidden_region.CopyFrom(hidden_region)
+        if logits_region is not None:
+            req.logits_region.CopyFrom(logits_region)
+        if mode == "topk":
+            req.top_k, req.return_probs, req.temperature = int(k), bool(probs), float(temperature)
+        elif mode == "sample":
+            req.temperature, req.seed = float(temperature), int(seed)
+        return (yield req)
+
+
+class RemoteDraftHead(_HeadBase):
+    """A drafthead server as an LM head. Thread-safe (one gRPC channel, and at most one same-host
+    lane, shared)."""
+
+    def _open(self) -> None:
+        self._channel = self._blocking_channel()
+        self._stub = pb_grpc.DraftHeadStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        lane = self._take_lane()
+        if lane is not None:
+            lane.close()
+        self._channel.close()
+
+    def __enter__(self) -> "RemoteDraftHead":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------------------
+    def _call(self, method: Callable[..., Any], request: Any, timeout: Optional[float]) -> Any:
+        """One call with bounded retries on UNAVAILABLE, all inside one deadline."""
+        return self._call_blocking(method, request, timeout)
+
+    def _compute(self, req: Any, timeout: Optional[float]) -> Any:
+        """Every LogitsRequest goes out here (the one request path): through the same-host lane when
+        there is one, else (or, in "auto" mode, when the lane is gone) over gRPC."""
+        if self._lane_wanted(req):
+            lane = self.lane()
+            if lane is not None:
+                try:
+                    return self._checked(req, lane.compute(req, self._lane_timeout(timeout)))
+                except DraftHeadError as e:
+                    if not self._lane_dropped(lane, e):
+                        raise
+                    lane.close()  # gRPC now, a new lane later
+        return self._checked(req, self._call(self._stub.ComputeLogits, req, timeout))
+
+    # -- the same-host lane --------------------------------------------------------------------------
+    def lane(self, cuda_device: Any = None) -> Optional[Lane]:
         """The open same-host lane (opening it when the lane mode allows), or None: calls use gRPC.
         With lane="required", raises DraftHeadError with the reason instead of None. cuda_device: a
         lane opened now also gets arenas on that GPU (the first call with a CUDA tensor opens it so)."""
         if self.lane_mode == "off":
             return None
-        with self._lane_lock:
-            if self._lane is not None or time.monotonic() < self._lane_retry_at:
-                if self._lane is None and self.lane_mode == "required":
-                    raise self._lane_error
-                return self._lane
-            from .lane import Lane, LaneUnavailable
-            try:
-                info = self._call(self._stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
-                self._lane = Lane(pb, self._stub, info, self._call, DraftHeadError, depth=self._lane_depth,
-                                  cuda_device=cuda_device)
-                return self._lane
-            except (LaneUnavailable, DraftHeadError) as e:
-                self._lane_error = DraftHeadError(e.code, f"no same-host lane: {e}")
-                self._lane_retry_at = time.monotonic() + 5.0  # ask again later, not on every call
-            if self.lane_mode == "required":
-                raise self._lane_error
-            return None
+        return self._lane_open(self._stub, self._call, cuda_device)
 
-    def _compute(self, req, timeout):
-        if self.lane_mode != "off" and not req.HasField("hidden_region") and not req.HasField("logits_region"):
-            lane = self.lane()
-            if lane is not None:
-                try:
-                    return self._checked(req, lane.compute(req, self.timeout if timeout is None else timeout))
-                except DraftHeadError as e:
-                    if e.code != "UNAVAILABLE" or self.lane_mode == "required":
-                        raise
-                    # The lane is gone (the server closed it or exited): gRPC now, a new lane later.
-                    with self._lane_lock:
-                        if self._lane is lane:
-                            self._lane, self._lane_retry_at = None, time.monotonic() + 1.0
-                            self._lane_error = e
-                    lane.close()
-        return self._checked(req, self._call(self._stub.ComputeLogits, req, timeout))
-
-    def _cuda_lane(self, hidden):
+    def _cuda_lane(self, hidden: Hidden) -> Optional[Lane]:
         """The lane that carries torch CUDA tensors on their GPU, when `hidden` is one and there is one."""
         if self.lane_mode == "off" or torch is None or not isinstance(hidden, torch.Tensor) or not hidden.is_cuda:
             return None
         lane = self.lane(cuda_device=hidden.device)
         return lane if lane is not None and lane.cuda else None
 
-    def _lane_tensor(self, lane, hidden, mode: int, wait: bool, timeout, **fields):
+    def _lane_tensor(self, lane: Lane, hidden: Any, mode: int, wait: bool, timeout: Optional[float],
+                     **fields: Any) -> Any:
         """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
         the logits [..., V], or [ids, values, probs] ([..., k]), all on the caller's stream."""
         K = self.info()["hidden_size"]
@@ -370,95 +532,78 @@ class RemoteDraftHead:
         if lane is not None:
             lane.synchronize(timeout)
 
-    def _checked(self, req, resp):
-        if resp.HasField("error") and resp.error.code != 0:
-            raise DraftHeadError(_code_name(resp.error.code), resp.error.message)
-        if resp.rows != req.rows:
-            raise DraftHeadError("INTERNAL", f"malformed response: {resp.rows} rows for {req.rows}")
-        return resp
+    def _tokens(self, hidden: Hidden, mode: str, hidden_dtype: str, timeout: Optional[float], wait: bool, *,
+                head: str, k: int = 1, probs: bool = False, temperature: float = 1.0, seed: int = 0) -> List[Any]:
+        """TOP_K, ARGMAX or SAMPLE: [ids, values, probs or None]; a torch CUDA tensor over the lane's
+        CUDA arenas when there are some, else the plan."""
+        lane = self._cuda_lane(hidden)
+        if lane is not None:
+            return self._lane_tensor(lane, hidden, _MODES[mode], wait, timeout,
+                                     **self._token_fields(mode, head, k, probs, temperature, seed))
+        return self._drive(self._tokens_plan(self.info(), hidden, mode, hidden_dtype, head=head, k=k, probs=probs,
+                                             temperature=temperature, seed=seed), timeout)
+
+    def _drive(self, plan: Plan[T], timeout: Optional[float]) -> T:
+        """Runs a plan: each request it yields goes through _compute, in order."""
+        try:
+            req = next(plan)
+            while True:
+                req = plan.send(self._compute(req, timeout))
+        except StopIteration as done:
+            return done.value
+
+    def info(self, refresh: bool = False) -> Dict[str, Any]:
+        """GetModelInfo as a dict (cached)."""
+        if self._info is None or refresh:
+            self._info = self._info_dict(self._call(self._stub.GetModelInfo, pb.ModelInfoRequest(), None))
+        return self._info
+
+    def serving(self, timeout: float = 2.0) -> bool:
+        """One grpc.health.v1 check of the whole server."""
+        try:
+            r = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def wait_until_serving(self, timeout: float, poll: float = 0.2) -> None:
+        end = time.monotonic() + timeout
+        while not self.serving(timeout=max(0.1, min(2.0, end - time.monotonic()))):
+            if time.monotonic() + poll >= end:
+                raise DraftHeadError("DEADLINE_EXCEEDED", f"{self.target} not SERVING within {timeout} s")
+            time.sleep(poll)
 
     # -- public API --------------------------------------------------------------------------------
-    def logits(self, hidden, *, dtype: str = "bf16", head: str = "fp8", hidden_dtype: str = "bf16",
-               timeout: Optional[float] = None, wait: bool = True):
+    def logits(self, hidden: Hidden, *, dtype: DType = "bf16", head: HeadKind = "fp8", hidden_dtype: DType = "bf16",
+               timeout: Optional[float] = None, wait: bool = True) -> Any:
         """Full logits [..., vocab_size] (see the module docstring for the types). wait=False: a torch
         CUDA tensor over a lane returns at once, ordered on the current stream (see synchronize)."""
-        out_dtype = _DTYPES[dtype]
         lane = self._cuda_lane(hidden)
         if lane is not None:
-            return self._lane_tensor(lane, hidden, pb.FULL_LOGITS, wait, timeout, logits_dtype=out_dtype,
+            return self._lane_tensor(lane, hidden, pb.FULL_LOGITS, wait, timeout, logits_dtype=_DTYPES[dtype],
                                      head=_HEADS[head])
-        enc = self._encode(hidden, hidden_dtype)
-        parts, vocab = [], None
-        for req in self._requests(enc, pb.FULL_LOGITS, logits_dtype=out_dtype, head=_HEADS[head]):
-            resp = self._compute(req, timeout)
-            esize = 4 if out_dtype == pb.FP32 else 2
-            if resp.logits_dtype != out_dtype or len(resp.logits) != req.rows * resp.vocab_size * esize:
-                raise DraftHeadError("INTERNAL", "malformed response: logits size or dtype")
-            vocab = resp.vocab_size
-            parts.append(resp.logits)
-        raw = b"".join(parts)
-        if enc.kind == "bytes":
-            return raw
-        if out_dtype == pb.FP32:
-            arr = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-        else:
-            arr = np.frombuffer(raw, dtype="<u2").astype(np.uint16)
-        arr = arr.reshape(enc.lead_shape + (vocab,))
-        if enc.kind == "numpy_f32" and out_dtype == pb.BF16:
-            return bf16_to_float32(arr)
-        if enc.kind == "torch":
-            if out_dtype == pb.BF16:
-                t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-            else:
-                t = torch.from_numpy(arr.copy())
-            return t.to(enc.device)
-        return arr
+        return self._drive(self._logits_plan(self.info(), hidden, dtype, head, hidden_dtype), timeout)
 
-    def _tokens(self, hidden, mode, k, hidden_dtype, timeout, wait=True, **fields):
-        lane = self._cuda_lane(hidden)
-        if lane is not None:
-            return self._lane_tensor(lane, hidden, mode, wait, timeout, **fields)
-        enc = self._encode(hidden, hidden_dtype)
-        ids, values, probs = [], [], []
-        want_probs = bool(fields.get("return_probs"))
-        for req in self._requests(enc, mode, **fields):
-            resp = self._compute(req, timeout)
-            n = req.rows * k
-            if len(resp.token_ids) != n or len(resp.values) != n or (want_probs and len(resp.probs) != n):
-                raise DraftHeadError("INTERNAL", "malformed response: token_ids/values/probs sizes")
-            ids.append(np.asarray(resp.token_ids, dtype=np.int32))
-            values.append(np.asarray(resp.values, dtype=np.float32))
-            if want_probs:
-                probs.append(np.asarray(resp.probs, dtype=np.float32))
-        shape = enc.lead_shape + ((k,) if mode == pb.TOP_K else ())
-        out = [np.concatenate(ids).reshape(shape), np.concatenate(values).reshape(shape),
-               np.concatenate(probs).reshape(shape) if want_probs else None]
-        if enc.kind == "torch":
-            out = [None if a is None else torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).to(enc.device)
-                   for a in out]
-        return out
-
-    def topk(self, hidden, k: int, *, probs: bool = False, temperature: float = 1.0, head: str = "fp8",
-             hidden_dtype: str = "bf16", timeout: Optional[float] = None, wait: bool = True) -> TopK:
+    def topk(self, hidden: Hidden, k: int, *, probs: bool = False, temperature: float = 1.0, head: HeadKind = "fp8",
+             hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True) -> TopK:
         """The k largest logits per row, best first (ties to the smaller id); probs over the whole vocabulary."""
-        i, v, p = self._tokens(hidden, pb.TOP_K, int(k), hidden_dtype, timeout, wait, top_k=int(k),
-                               return_probs=probs, temperature=temperature, head=_HEADS[head])
-        return TopK(i, v, p)
+        return TopK(*self._tokens(hidden, "topk", hidden_dtype, timeout, wait, head=head, k=k, probs=probs,
+                                  temperature=temperature))
 
-    def argmax(self, hidden, *, head: str = "fp8", hidden_dtype: str = "bf16",
+    def argmax(self, hidden: Hidden, *, head: HeadKind = "fp8", hidden_dtype: DType = "bf16",
                timeout: Optional[float] = None, wait: bool = True) -> Tokens:
-        i, v, _ = self._tokens(hidden, pb.ARGMAX, 1, hidden_dtype, timeout, wait, head=_HEADS[head])
+        i, v, _ = self._tokens(hidden, "argmax", hidden_dtype, timeout, wait, head=head)
         return Tokens(i, v)
 
-    def sample(self, hidden, *, temperature: float, seed: int, head: str = "fp8", hidden_dtype: str = "bf16",
-               timeout: Optional[float] = None, wait: bool = True) -> Tokens:
+    def sample(self, hidden: Hidden, *, temperature: float, seed: int, head: HeadKind = "fp8",
+               hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True) -> Tokens:
         """Gumbel-max sample per row; the draw depends only on (seed, row within the call, token id)."""
-        i, v, _ = self._tokens(hidden, pb.SAMPLE, 1, hidden_dtype, timeout, wait, temperature=temperature,
-                               seed=int(seed), head=_HEADS[head])
+        i, v, _ = self._tokens(hidden, "sample", hidden_dtype, timeout, wait, head=head, temperature=temperature,
+                               seed=seed)
         return Tokens(i, v)
 
     # -- shared-memory regions (drafthead_client.regions wraps these) --------------------------------
-    def register_region(self, request, timeout: Optional[float] = None) -> None:
+    def register_region(self, request: Any, timeout: Optional[float] = None) -> None:
         """RegisterRegion with a pb.RegisterRegionRequest."""
         self._call(self._stub.RegisterRegion, request, timeout)
 
@@ -466,25 +611,16 @@ class RemoteDraftHead:
         """UnregisterRegion; an empty name: every region."""
         self._call(self._stub.UnregisterRegion, pb.UnregisterRegionRequest(name=name), timeout)
 
-    def compute_in_regions(self, mode: str, rows: int, hidden_region, *, logits_region=None,
-                           hidden_dtype: str = "bf16", dtype: str = "bf16", k: int = 1,
+    def compute_in_regions(self, mode: Mode, rows: int, hidden_region: Any, *, logits_region: Any = None,
+                           hidden_dtype: DType = "bf16", dtype: DType = "bf16", k: int = 1,
                            probs: bool = False, temperature: float = 1.0, seed: int = 0,
-                           head: str = "fp8", timeout: Optional[float] = None):
+                           head: HeadKind = "fp8", timeout: Optional[float] = None) -> Any:
         """One call whose hidden rows are read from `hidden_region` (a pb.RegionSlice) and, for
         mode "full", whose logits are written into `logits_region`. Returns the LogitsResponse:
         token_ids / values / probs for the other modes. The caller's writes into the hidden slice
         must be complete (a CUDA tensor: its stream synchronized) before the call."""
-        modes = {"full": pb.FULL_LOGITS, "topk": pb.TOP_K, "argmax": pb.ARGMAX, "sample": pb.SAMPLE}
-        req = pb.LogitsRequest(rows=int(rows), hidden_dtype=_DTYPES[hidden_dtype], mode=modes[mode],
-                               logits_dtype=_DTYPES[dtype], head=_HEADS[head])
-        req.hidden_region.CopyFrom(hidden_region)
-        if logits_region is not None:
-            req.logits_region.CopyFrom(logits_region)
-        if mode == "topk":
-            req.top_k, req.return_probs, req.temperature = int(k), bool(probs), float(temperature)
-        elif mode == "sample":
-            req.temperature, req.seed = float(temperature), int(seed)
-        return self._compute(req, timeout)
+        return self._drive(self._regions_plan(mode, rows, hidden_region, logits_region, hidden_dtype, dtype, k,
+                                              probs, temperature, seed, head), timeout)
 
     def stream(self, requests: Iterable[Any], timeout: Optional[float] = None) -> Iterator[Any]:
         """StreamLogits: yields one LogitsResponse per LogitsRequest, in order. In-band errors are
@@ -501,3 +637,6 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 def _code_name(code: int) -> str:
     return _CODE_NAMES.get(code, f"CODE_{code}")
+
+
+from .aio import AsyncRemoteDraftHead  # noqa: E402  (it builds on the classes above)

@@ -129,13 +129,15 @@ def _check_engine(dspark_module):
 
 
 def _torch_transport(head, info):
+    # Both ways need CUDA regions (a lane's CUDA arenas are registered as such): checked first, so the
+    # refusal says so even where torch is missing.
+    if "CUDA_IPC" not in info.get("shared_memory", []):
+        raise RuntimeError(f"the server does not serve CUDA regions (start it with --shared-memory=cuda); "
+                           f"it serves {info.get('shared_memory') or 'none'}")
     import torch
     lane = head.lane(cuda_device=torch.device("cuda", torch.cuda.current_device()))
     if lane is not None and lane.cuda:
         return LaneTransport(head)
-    if "CUDA_IPC" not in info.get("shared_memory", []):
-        raise RuntimeError(f"the server does not serve CUDA regions (start it with --shared-memory=cuda); "
-                           f"it serves {info.get('shared_memory') or 'none'}")
     return CudaRegionTransport(head, info["hidden_size"], info["vocab_size"])
 
 

@@ -14,7 +14,7 @@ import os
 import struct
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, NoReturn, Optional
 
 import numpy as np
 
@@ -52,7 +52,8 @@ _lib: Optional[ctypes.CDLL] = None
 
 
 def load_library() -> ctypes.CDLL:
-    """libdrafthead_lane.so: the package's own copy, else DRAFTHEAD_LANE_LIB, else a build tree's."""
+    """libdrafthead_lane.so: DRAFTHEAD_LANE_LIB when set, else the package's own copy (_native/, the
+    wheel's), else a build tree's (a source checkout)."""
     global _lib
     if _lib is not None:
         return _lib
@@ -156,7 +157,8 @@ class Lane:
                                  nonce=nonce, layout_version=_LAYOUT_VERSION, pid=os.getpid())
         req.regions.add(name=f"lane-arena-{os.getpid()}-{nonce}", kind=pb.SYSTEM,
                         shm_key=lib.dh_lane_arena_key(self._h).decode(), byte_size=lib.dh_lane_arena_bytes(self._h))
-        self._cuda_hidden = self._cuda_output = None
+        self._cuda_hidden: Any = None  # torch uint8 tensors on cuda_device, or None
+        self._cuda_output: Any = None
         self.cuda_error: Optional[str] = "no CUDA device asked for"
         if cuda_device is not None:
             if pb.CUDA_IPC not in list(info.shared_memory):
@@ -169,7 +171,7 @@ class Lane:
                 self._cuda_output = torch.empty(self._depth * self._output_slot, dtype=torch.uint8, device=cuda_device)
                 req.regions.append(tensor_region_request(f"lane-cuda-in-{os.getpid()}-{nonce}", self._cuda_hidden))
                 req.regions.append(tensor_region_request(f"lane-cuda-out-{os.getpid()}-{nonce}", self._cuda_output))
-        self.lane_id = 0
+        self.lane_id: int = 0
         try:
             resp = call(stub.OpenLane, req, 10.0)
         except Exception as e:  # the server's reason, as the caller's error type carries it
@@ -185,7 +187,7 @@ class Lane:
             self.close()
             raise LaneUnavailable(_CODE_NAMES.get(rc, "UNKNOWN"), msg.value.decode(errors="replace"))
         self._call = call
-        self._pending: list = []             # stream-ordered submissions not yet seen answered
+        self._pending: List[int] = []        # stream-ordered submissions not yet seen answered
         self._deferred: Optional[Exception] = None  # the first error among them
         self._lock = threading.Lock()  # call_cuda's bookkeeping
         if self._cuda_hidden is not None:
@@ -211,13 +213,13 @@ class Lane:
                 pass
         self._lib.dh_lane_destroy(h)
 
-    def __del__(self):  # pragma: no cover - interpreter shutdown order varies
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:
             self.close()
         except Exception:
             pass
 
-    def _raise(self, code: int, msg: Any) -> None:
+    def _raise(self, code: int, msg: Any) -> NoReturn:
         text = msg.value.decode(errors="replace") if hasattr(msg, "value") else str(msg)
         raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), text)
 
@@ -333,6 +335,8 @@ class Lane:
         return result
 
     def compute(self, req: Any, timeout: Optional[float]) -> Any:
+        """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
+        seconds (None: no limit); returns the pb.LogitsResponse (an in-band error raises)."""
         pb, lib, h = self._pb, self._lib, self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
@@ -362,13 +366,14 @@ class Lane:
         rc = lib.dh_lane_wait(h, n, timeout_ns, ctypes.byref(ptr), msg, len(msg))
         if rc != 0:
             self._raise(rc, msg)
+        done: int = ptr.value or 0  # the completion slot (set when dh_lane_wait succeeds)
         try:
-            fields = _COMPLETION.unpack(ctypes.string_at(ptr.value, _COMPLETION.size))
+            fields = _COMPLETION.unpack(ctypes.string_at(done, _COMPLETION.size))
             _, request_id, code, rows, vocab, k, flags, logits_dtype = fields[:8]
             if code != 0:
                 mlen = min(fields[20], 384)
                 raise self._error(_CODE_NAMES.get(code, "UNKNOWN"),
-                                  ctypes.string_at(ptr.value + 92, mlen).decode(errors="replace"))
+                                  ctypes.string_at(done + 92, mlen).decode(errors="replace"))
             resp = pb.LogitsResponse(request_id=request_id, rows=rows, vocab_size=vocab, logits_dtype=logits_dtype)
             resp.timing.CopyFrom(pb.Timing(**dict(zip(_TIMING_FIELDS, fields[8:20]))))
             if full:
@@ -377,7 +382,7 @@ class Lane:
                 entries = rows * k
                 probs = bool(flags & _DONE_PROBS)
                 src = (lib.dh_lane_output_area(h, slot) if flags & _DONE_IN_OUTPUT
-                       else ptr.value + _COMPLETION_HEADER_BYTES)
+                       else done + _COMPLETION_HEADER_BYTES)
                 raw = np.frombuffer(ctypes.string_at(src, entries * (12 if probs else 8)), dtype="<u4")
                 resp.token_ids.extend(raw[:entries].view("<i4").tolist())
                 resp.values.extend(raw[entries:2 * entries].view("<f4").tolist())

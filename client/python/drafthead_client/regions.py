@@ -27,27 +27,32 @@ from __future__ import annotations
 import ctypes
 import os
 from multiprocessing import shared_memory
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Tuple, TypeVar, Union
 
 import numpy as np
 
 from . import DraftHeadError, pb
 
+if TYPE_CHECKING:
+    from . import RemoteDraftHead
+
 __all__ = ["SystemRegion", "CudaRegion"]
+
+R = TypeVar("R", bound="_Region")
 
 
 class _Region:
     """A registered region: its name and slices of it (pb.RegionSlice) for requests."""
 
-    def __init__(self, head, name: str, nbytes: int):
+    def __init__(self, head: "RemoteDraftHead", name: str, nbytes: int):
         self.head, self.name, self.nbytes = head, name, int(nbytes)
         self._registered = False
 
-    def _register(self, request) -> None:
+    def _register(self, request: Any) -> None:
         self.head.register_region(request)
         self._registered = True
 
-    def slice(self, offset: int, nbytes: int):
+    def slice(self, offset: int, nbytes: int) -> Any:
         """[offset, offset + nbytes) of the region."""
         if offset < 0 or nbytes <= 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"slice [{offset}, +{nbytes}) is outside region '{self.name}' ({self.nbytes} bytes)")
@@ -59,10 +64,10 @@ class _Region:
             self._registered = False
             self.head.unregister_region(self.name)
 
-    def __enter__(self):
+    def __enter__(self: R) -> R:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -70,7 +75,7 @@ class SystemRegion(_Region):
     """A POSIX shared-memory object created by this process, registered as a SYSTEM region.
     ndarray() gives numpy views of it; close() unregisters, then releases and unlinks it."""
 
-    def __init__(self, head, name: str, nbytes: int):
+    def __init__(self, head: "RemoteDraftHead", name: str, nbytes: int):
         super().__init__(head, name, nbytes)
         self._shm = shared_memory.SharedMemory(create=True, size=int(nbytes))
         self.key = "/" + self._shm.name.lstrip("/")
@@ -85,11 +90,11 @@ class SystemRegion(_Region):
     def buf(self) -> memoryview:
         return self._shm.buf
 
-    def ndarray(self, shape, dtype, offset: int = 0) -> np.ndarray:
+    def ndarray(self, shape: Union[int, Tuple[int, ...]], dtype: Any, offset: int = 0) -> np.ndarray:
         """A numpy array backed by the region at `offset`."""
         return np.ndarray(shape, dtype=dtype, buffer=self._shm.buf, offset=offset)
 
-    def slice_of(self, arr: np.ndarray):
+    def slice_of(self, arr: np.ndarray) -> Any:
         """The slice a C-contiguous numpy view of this region occupies."""
         if not arr.flags.c_contiguous:
             raise ValueError("slice_of: the array must be C-contiguous")
@@ -110,7 +115,7 @@ class SystemRegion(_Region):
             self._release()
 
 
-def _pci_bus_id(props) -> str:
+def _pci_bus_id(props: Any) -> str:
     """cudaDeviceGetPCIBusId's form from torch's device properties ('' when torch lacks them)."""
     bus = getattr(props, "pci_bus_id", None)
     if bus is None:
@@ -118,7 +123,7 @@ def _pci_bus_id(props) -> str:
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
 
 
-def _libcuda():
+def _libcuda() -> Any:
     return ctypes.CDLL("libcuda.so.1")
 
 
@@ -146,7 +151,7 @@ def _cuda_ipc_handle(exported: bytes) -> bytes:
     raise ValueError(f"from_tensor: torch exported a {len(exported)}-byte handle of an unknown format")
 
 
-def tensor_region_request(name: str, tensor):
+def tensor_region_request(name: str, tensor: Any) -> Any:
     """The RegisterRegionRequest (CUDA_IPC) of a contiguous torch CUDA tensor, through its storage's
     own IPC handle (also how a same-host lane registers its CUDA arenas)."""
     if not tensor.is_cuda or not tensor.is_contiguous():
@@ -167,7 +172,7 @@ class CudaRegion(_Region):
     maps it on its GPU. Holds a reference to the tensor / array so the memory outlives the
     registration."""
 
-    def __init__(self, head, name: str, *, handle: bytes, device: str, offset: int, nbytes: int,
+    def __init__(self, head: "RemoteDraftHead", name: str, *, handle: bytes, device: str, offset: int, nbytes: int,
                  base_ptr: int, owner: Any):
         super().__init__(head, name, nbytes)
         self.owner, self.base_ptr = owner, int(base_ptr)
@@ -175,14 +180,14 @@ class CudaRegion(_Region):
                                                 cuda_device=device, offset=int(offset), byte_size=int(nbytes)))
 
     @classmethod
-    def from_tensor(cls, head, name: str, tensor) -> "CudaRegion":
+    def from_tensor(cls, head: "RemoteDraftHead", name: str, tensor: Any) -> "CudaRegion":
         """A contiguous torch CUDA tensor, registered through its storage's own IPC handle."""
         r = tensor_region_request(name, tensor)
         return cls(head, name, handle=r.cuda_ipc_handle, device=r.cuda_device, offset=r.offset,
                    nbytes=r.byte_size, base_ptr=tensor.data_ptr(), owner=tensor)
 
     @classmethod
-    def from_cupy(cls, head, name: str, array) -> "CudaRegion":
+    def from_cupy(cls, head: "RemoteDraftHead", name: str, array: Any) -> "CudaRegion":
         """A C-contiguous cupy array (its allocation's IPC handle; cupy's pool suballocates)."""
         import cupy  # noqa: F401  (present: the array is one)
         if not array.flags.c_contiguous:
@@ -193,7 +198,7 @@ class CudaRegion(_Region):
         return cls(head, name, handle=handle, device=device, offset=_allocation_offset(ptr),
                    nbytes=array.nbytes, base_ptr=ptr, owner=array)
 
-    def slice_of(self, view):
+    def slice_of(self, view: Any) -> Any:
         """The slice a contiguous view (torch tensor or cupy array) of the registered memory occupies."""
         ptr = view.data_ptr() if hasattr(view, "data_ptr") else view.data.ptr
         nbytes = view.numel() * view.element_size() if hasattr(view, "numel") else view.nbytes

@@ -9,10 +9,9 @@ only the proposals come back (DSpark drafts D = 5 tokens per sequence, so a call
 
 The draft trunk below is a stand-in (a fixed random embedding + mixing, numpy only) so the example
 runs anywhere; a real scheduler passes its draft model's final hidden states, as a torch tensor or
-numpy array, unchanged.
+numpy array, unchanged. With the drafthead_client wheel installed (docs/client.md):
 
-    PYTHONPATH=client/python:build/client/python_gen \\
-      python3 client/python/examples/draft_step.py --target=127.0.0.1:50051 --sequences=4 --steps=3
+    python3 client/python/examples/draft_step.py --target=127.0.0.1:50051 --sequences=4 --steps=3
 """
 
 import argparse
