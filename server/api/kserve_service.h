@@ -33,13 +33,16 @@ namespace drafthead {
 // answer is serialized once into the buffer its stream's budget counts and gRPC writes from.
 namespace kserve_base {
 using G = inference::GRPCInferenceService;
+// Every RPC of the service (as its generated CallbackService lists them), ModelStreamInfer raw; a
+// new RPC: add its WithCallbackMethod_ here, or its override does not compile.
 using Service = G::WithCallbackMethod_ServerLive<G::WithCallbackMethod_ServerReady<G::WithCallbackMethod_ModelReady<
     G::WithCallbackMethod_ServerMetadata<G::WithCallbackMethod_ModelMetadata<G::WithCallbackMethod_ModelInfer<
         G::WithRawCallbackMethod_ModelStreamInfer<G::WithCallbackMethod_ModelConfig<
-            G::WithCallbackMethod_SystemSharedMemoryStatus<G::WithCallbackMethod_SystemSharedMemoryRegister<
-                G::WithCallbackMethod_SystemSharedMemoryUnregister<G::WithCallbackMethod_CudaSharedMemoryStatus<
-                    G::WithCallbackMethod_CudaSharedMemoryRegister<G::WithCallbackMethod_CudaSharedMemoryUnregister<
-                        G::Service>>>>>>>>>>>>>>;
+            G::WithCallbackMethod_ModelStatistics<G::WithCallbackMethod_RepositoryIndex<
+                G::WithCallbackMethod_SystemSharedMemoryStatus<G::WithCallbackMethod_SystemSharedMemoryRegister<
+                    G::WithCallbackMethod_SystemSharedMemoryUnregister<G::WithCallbackMethod_CudaSharedMemoryStatus<
+                        G::WithCallbackMethod_CudaSharedMemoryRegister<G::WithCallbackMethod_CudaSharedMemoryUnregister<
+                            G::Service>>>>>>>>>>>>>>>>;
 }  // namespace kserve_base
 
 class KServeService final : public kserve_base::Service {
