@@ -30,6 +30,8 @@ namespace drafthead {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
+// Every RPC of the service, StreamLogits raw (a new RPC: add its WithCallbackMethod_ here, or its
+// override does not compile).
 using DraftHeadServiceBase = v1::DraftHead::WithCallbackMethod_ComputeLogits<
     v1::DraftHead::WithRawCallbackMethod_StreamLogits<v1::DraftHead::WithCallbackMethod_GetModelInfo<
         v1::DraftHead::WithCallbackMethod_RegisterRegion<v1::DraftHead::WithCallbackMethod_UnregisterRegion<
