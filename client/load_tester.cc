@@ -657,22 +657,33 @@ absl::Status Run::LaneLoop() {
         uint64_t seq;
       };
       std::deque<InFlight> inflight;
+      // A call counted as issued whose slot was not free yet (slot n % depth still holds the call
+      // depth before, maybe another thread's): this thread finishes its own oldest call first
+      // instead of blocking on the slot while holding calls of its own (which could deadlock).
+      std::optional<std::pair<int64_t, uint64_t>> deferred;
+      auto try_start = [&](int64_t start, uint64_t seq) {
+        const absl::Time until = inflight.empty() ? absl::Now() + o_.timeout : absl::Now();
+        absl::StatusOr<LaneClient::Pending> call = lane->Start(pool[seq % pool.size()], until);
+        if (call.ok()) {
+          inflight.push_back({*call, start, seq});
+          return;
+        }
+        if (call.status().code() == absl::StatusCode::kResourceExhausted && !inflight.empty()) {
+          deferred.emplace(start, seq);
+          return;
+        }
+        const std::string msg(call.status().message());
+        Record(start, NowNs(), seq, static_cast<int>(call.status().code()), ScannedResponse{}, &msg);
+        inflight_.fetch_sub(1, std::memory_order_acq_rel);
+      };
       auto start_one = [&]() -> bool {
         const int64_t start = NowNs();
         if (!ShouldIssue(start)) return false;
         inflight_.fetch_add(1, std::memory_order_acq_rel);
-        const uint64_t seq = NextSeq();
-        absl::StatusOr<LaneClient::Pending> call = lane->Start(pool[seq % pool.size()], absl::Now() + o_.timeout);
-        if (!call.ok()) {
-          const std::string msg(call.status().message());
-          Record(start, NowNs(), seq, static_cast<int>(call.status().code()), ScannedResponse{}, &msg);
-          inflight_.fetch_sub(1, std::memory_order_acq_rel);
-          return true;
-        }
-        inflight.push_back({*call, start, seq});
+        try_start(start, NextSeq());
         return true;
       };
-      for (int i = 0; i < window && start_one(); ++i) {
+      for (int i = 0; i < window && !deferred && start_one(); ++i) {
       }
       while (!inflight.empty()) {
         const InFlight f = inflight.front();
@@ -696,7 +707,13 @@ absl::Status Run::LaneLoop() {
           Record(f.start, done, f.seq, static_cast<int>(r.status().code()), sr, &msg);
         }
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
-        start_one();
+        if (deferred) {
+          const auto [start, seq] = *deferred;
+          deferred.reset();
+          try_start(start, seq);
+        } else {
+          start_one();
+        }
       }
     });
   }

@@ -172,7 +172,7 @@ class ClientLaneTest(RealServerTestCase):
     def test_load_tester_over_the_lane(self):
         out = os.path.join(self.dir, "lane.json")
         p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--lane=shm", "--rows=3", "--mode=topk", "--k=4",
-                            "--concurrency=3", "--requests=300", "--duration=30", f"--json={out}"],
+                            "--concurrency=6", "--requests=300", "--duration=30", f"--json={out}"],
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(out) as f:

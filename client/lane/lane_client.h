@@ -45,7 +45,10 @@ class LaneClient {
 
   // The same in two halves, for a caller keeping several calls in flight from one thread (the load
   // tester): Start copies the rows in and publishes; Finish waits for that call's answer. Every
-  // started call must be finished (in any order).
+  // started call must be finished (in any order). Start waits (up to its deadline) for slot
+  // n % depth to be free, i.e. for call n - depth to be finished: a thread holding unfinished
+  // calls should give Start no time (a past deadline: RESOURCE_EXHAUSTED at once) and finish its
+  // own first, or threads pipelining on one lane can wait on each other for ever.
   struct Pending {
     uint64_t seq = 0;
     v1::Mode mode = v1::FULL_LOGITS;
