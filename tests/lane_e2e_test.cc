@@ -176,17 +176,8 @@ struct RawLane {
     ring = lane::LaneRing::Create(c, &e);
     EXPECT_NE(ring, nullptr) << e.message;
     stub = v1::DraftHead::NewStub(testing::Channel(target));
-    v1::OpenLaneRequest req;
-    req.set_shm_key(ring->key());
-    req.set_byte_size(ring->bytes());
-    req.set_nonce(ring->nonce());
-    req.set_layout_version(lane::kLaneLayoutVersion);
-    req.set_pid(getpid());
-    auto* r = req.add_regions();
-    r->set_name("raw-arena-" + std::to_string(ring->nonce()));
-    r->set_kind(v1::SYSTEM);
-    r->set_shm_key(ring->arena_key());
-    r->set_byte_size(ring->arena_bytes());
+    const v1::OpenLaneRequest req =
+        client::OpenLaneRequestFor(*ring, "raw-arena-" + std::to_string(ring->nonce()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     status = stub->OpenLane(&ctx, req, &resp);
@@ -326,12 +317,7 @@ TEST(LaneE2E, OpenIsRefusedClearly) {
   auto ring = lane::LaneRing::Create(c, &e);
   ASSERT_NE(ring, nullptr);
   auto open = [&](std::function<void(v1::OpenLaneRequest&)> spoil) {
-    v1::OpenLaneRequest req;
-    req.set_shm_key(ring->key());
-    req.set_byte_size(ring->bytes());
-    req.set_nonce(ring->nonce());
-    req.set_layout_version(lane::kLaneLayoutVersion);
-    req.set_pid(getpid());
+    v1::OpenLaneRequest req = client::OpenLaneRequestFor(*ring, "");  // no arena: c has none
     spoil(req);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

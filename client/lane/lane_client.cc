@@ -34,6 +34,23 @@ std::string LocalHostId() {
   return id;
 }
 
+v1::OpenLaneRequest OpenLaneRequestFor(const lane::LaneRing& ring, const std::string& arena_name) {
+  v1::OpenLaneRequest req;
+  req.set_shm_key(ring.key());
+  req.set_byte_size(ring.bytes());
+  req.set_nonce(ring.nonce());
+  req.set_layout_version(lane::kLaneLayoutVersion);
+  req.set_pid(getpid());
+  if (!ring.arena_key().empty()) {
+    v1::RegisterRegionRequest* arena = req.add_regions();
+    arena->set_name(arena_name);
+    arena->set_kind(v1::SYSTEM);
+    arena->set_shm_key(ring.arena_key());
+    arena->set_byte_size(ring.arena_bytes());
+  }
+  return req;
+}
+
 absl::StatusOr<std::unique_ptr<LaneClient>> LaneClient::Open(v1::DraftHead::Stub* stub, const v1::ModelInfo& info,
                                                              const LaneClientOptions& options) {
   if (info.lanes() == 0)
@@ -55,17 +72,8 @@ absl::StatusOr<std::unique_ptr<LaneClient>> LaneClient::Open(v1::DraftHead::Stub
   std::unique_ptr<lane::LaneRing> ring = lane::LaneRing::Create(config, &err);
   if (ring == nullptr) return FromLane(err);
 
-  v1::OpenLaneRequest req;
-  req.set_shm_key(ring->key());
-  req.set_byte_size(ring->bytes());
-  req.set_nonce(ring->nonce());
-  req.set_layout_version(lane::kLaneLayoutVersion);
-  req.set_pid(getpid());
-  v1::RegisterRegionRequest* arena = req.add_regions();
-  arena->set_name(absl::StrCat("lane-arena-", getpid(), "-", ring->nonce()));
-  arena->set_kind(v1::SYSTEM);
-  arena->set_shm_key(ring->arena_key());
-  arena->set_byte_size(ring->arena_bytes());
+  const v1::OpenLaneRequest req =
+      OpenLaneRequestFor(*ring, absl::StrCat("lane-arena-", getpid(), "-", ring->nonce()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::OpenLaneResponse resp;

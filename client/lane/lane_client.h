@@ -31,6 +31,10 @@ struct LaneClientOptions {
 // This host's boot id, compared with ModelInfo.host_id ("same host?").
 std::string LocalHostId();
 
+// The OpenLane request for `ring` from this process, its arena (when it has one) registered as the
+// lane's region 0 under `arena_name`.
+v1::OpenLaneRequest OpenLaneRequestFor(const lane::LaneRing& ring, const std::string& arena_name);
+
 class LaneClient {
  public:
   // Opens a lane sized for the server's shapes (info: hidden_size, vocab_size, max_rows, max_top_k).

@@ -223,6 +223,14 @@ class Lane:
         text = msg.value.decode(errors="replace") if hasattr(msg, "value") else str(msg)
         raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), text)
 
+    def _reserve(self, timeout_ns: int, msg: Any) -> "tuple[int, int]":
+        """The next submission number and its slot (waiting up to timeout_ns for the slot)."""
+        seq = ctypes.c_uint64(0)
+        rc = self._lib.dh_lane_reserve(self._h, timeout_ns, ctypes.byref(seq), msg, len(msg))
+        if rc != 0:
+            self._raise(rc, msg)
+        return seq.value, seq.value % self._depth
+
     def _error_of(self, ptr: int) -> Optional[Exception]:
         """The completion at ptr as an exception, or None when it is OK."""
         fields = _COMPLETION.unpack(ctypes.string_at(ptr, _COMPLETION.size))
@@ -297,12 +305,7 @@ class Lane:
             if self._deferred is not None:
                 err, self._deferred = self._deferred, None
                 raise err
-            seq = ctypes.c_uint64(0)
-            rc = lib.dh_lane_reserve(h, timeout_ns, ctypes.byref(seq), msg, len(msg))
-            if rc != 0:
-                self._raise(rc, msg)
-            n = seq.value
-            slot = n % self._depth
+            n, slot = self._reserve(timeout_ns, msg)
             h0, o0 = slot * self._hidden_slot, slot * self._output_slot
             self._cuda_hidden[h0:h0 + nbytes].view(x.dtype).view(rows, K).copy_(x)
             rc = lib.dh_lane_stream_fence(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
@@ -345,12 +348,7 @@ class Lane:
             raise self._error("INVALID_ARGUMENT", f"hidden: {len(hidden)} bytes exceed the lane's {self._hidden_slot}")
         timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
         msg = ctypes.create_string_buffer(512)
-        seq = ctypes.c_uint64(0)
-        rc = lib.dh_lane_reserve(h, timeout_ns, ctypes.byref(seq), msg, len(msg))
-        if rc != 0:
-            self._raise(rc, msg)
-        n = seq.value
-        slot = n % self._depth
+        n, slot = self._reserve(timeout_ns, msg)
         ctypes.memmove(lib.dh_lane_hidden_area(h, slot), hidden, len(hidden))
         full = req.mode == pb.FULL_LOGITS
         logits_bytes = 0
