@@ -121,7 +121,9 @@ TEST(LaneE2E, EveryModeEqualsGrpcBitForBit) {
         ASSERT_EQ(a->probs_size(), b->probs_size());
         for (int i = 0; i < a->probs_size(); ++i)
           EXPECT_EQ(std::bit_cast<uint32_t>(a->probs(i)), std::bit_cast<uint32_t>(b->probs(i)));
-        if (mode == v1::FULL_LOGITS) EXPECT_FALSE(a->logits().empty());
+        if (mode == v1::FULL_LOGITS) {
+          EXPECT_FALSE(a->logits().empty());
+        }
       }
     }
   }
@@ -182,7 +184,9 @@ struct RawLane {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     status = stub->OpenLane(&ctx, req, &resp);
     ring->Unlink();
-    if (status.ok()) EXPECT_TRUE(ring->Attach(resp.server_pid()).ok());
+    if (status.ok()) {
+      EXPECT_TRUE(ring->Attach(resp.server_pid()).ok());
+    }
   }
   // A valid TOP_K descriptor for slot `slot` (rows written there).
   lane::LaneRequest Good(uint32_t slot, uint32_t rows = 2) {

@@ -211,7 +211,9 @@ TEST_F(StreamBudgetTest, CallersThatNeverReadCostOnlyThemselves) {
   // the budgets (the total, plus one answer per stream that holds nothing) and a fixed margin.
   EXPECT_LE(answered, 2 * kDeafStreams);
   EXPECT_GE(answered, kDeafStreams);  // every stream got its first answer: none starved
-  if (kMemoryMeasurable) EXPECT_LE(growth, kTotal + kDeafStreams * kAnswer + kMargin);
+  if (kMemoryMeasurable) {
+    EXPECT_LE(growth, kTotal + kDeafStreams * kAnswer + kMargin);
+  }
   // The well-behaved caller is not held back (with nothing held back rank 0 computes 600 MiB of
   // answers first: seconds).
   EXPECT_EQ(during.failed + before.failed, 0);

@@ -129,7 +129,7 @@ absl::StatusOr<LaneClient::Pending> LaneClient::Start(const v1::LogitsRequest& r
   d.logits_dtype = static_cast<uint8_t>(req.logits_dtype());
   d.head = static_cast<uint8_t>(req.head());
   d.top_k = req.top_k();
-  d.flags = req.return_probs() ? lane::kFlagReturnProbs : 0;
+  d.flags = req.return_probs() ? uint32_t{lane::kFlagReturnProbs} : 0u;
   d.temperature = req.temperature();
   d.seed = req.seed();
   d.hidden = Slice(0, ring_->hidden_area_offset(slot), req.hidden().size());
