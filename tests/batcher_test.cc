@@ -250,6 +250,7 @@ TEST(BatcherTest, OffersAnItemToTheInlineRunnerOnlyWhenNothingWaits) {
   ASSERT_TRUE(b.Submit(std::move(c)).ok());  // something waits: queued behind it
   EXPECT_EQ(runner.offered, 0);
   EXPECT_EQ(b.Take(std::chrono::milliseconds(0)).size(), 2u);
+  b.BatchStarted();
   BatchItem d = Item(1, &p[2]);
   d.may_run_inline = true;
   ASSERT_TRUE(b.Submit(std::move(d)).ok());  // nothing waits: run by the runner
@@ -274,6 +275,42 @@ TEST(BatcherTest, OffersAnItemToTheInlineRunnerOnlyWhenNothingWaits) {
   ASSERT_TRUE(q.Submit(std::move(f)).ok());
   EXPECT_EQ(never.offered, 0) << "a queue delay asks for batches to fill";
   EXPECT_EQ(q.queued_requests(), 1u);
+}
+
+// The review's overtaking bug: between Take handing a batch to the engine thread and that thread
+// taking the engine, the queue is empty and the engine free; a request arriving then must queue
+// behind the batch in hand, not run inline ahead of it.
+TEST(BatcherTest, NothingRunsInlineAheadOfABatchInHand) {
+  Batcher b(BatcherOptions{});
+  FakeRunner runner;
+  b.SetInlineRunner(&runner);
+  Probe p[3];
+  ASSERT_TRUE(b.Submit(Item(1, &p[0], 1)).ok());
+  const std::vector<BatchItem> in_hand = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(in_hand.size(), 1u);
+  BatchItem late = Item(1, &p[1], 2);
+  late.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(late)).ok());
+  EXPECT_EQ(runner.offered, 0) << "offered inline while a taken batch had not started";
+  EXPECT_EQ(p[1].calls, 0);
+  EXPECT_EQ(b.queued_requests(), 1u);
+  b.BatchStarted();
+  const std::vector<BatchItem> next = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].req->request_id, 2u);
+  b.BatchStarted();
+  BatchItem after = Item(1, &p[2], 3);
+  after.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(after)).ok());  // nothing queued or in hand: inline again
+  EXPECT_EQ(runner.offered, 1);
+  EXPECT_EQ(p[2].calls, 1);
+  // An empty Take leaves nothing in hand.
+  EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());
+  Probe q;
+  BatchItem idle = Item(1, &q, 4);
+  idle.may_run_inline = true;
+  ASSERT_TRUE(b.Submit(std::move(idle)).ok());
+  EXPECT_EQ(runner.offered, 2);
 }
 
 TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {

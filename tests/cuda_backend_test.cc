@@ -38,7 +38,8 @@ float Gauss(uint64_t seed, uint64_t i) {
 }
 
 // Rank 3 of tp=4 over a 129280-row head cropped to 129000: a shard with 32040 valid columns.
-ShardWeights MakeShard(bool with_twin) {
+// Built once per process (its CPU twin takes seconds; the tests run with --gtest_repeat=50).
+ShardWeights BuildShard(bool with_twin) {
   ShardWeights w;
   w.geo = ShardGeometry::Make(4, 3, 5120, 129280, 129000);
   const int64_t S = w.geo.shard_rows, K = w.geo.hidden;
@@ -59,6 +60,15 @@ ShardWeights MakeShard(bool with_twin) {
     cpu::MakeTwin(w.bf16.data(), S, K, w.codes.data(), w.exps.data(), pool);
   }
   return w;
+}
+
+ShardWeights MakeShard(bool with_twin) {
+  if (!with_twin) {
+    static const ShardWeights plain = BuildShard(false);
+    return plain;
+  }
+  static const ShardWeights twin = BuildShard(true);
+  return twin;
 }
 
 RowTask Task(RowMode mode, RowHead head, uint32_t k = 1, OutDType dt = OutDType::kFp32,
@@ -239,6 +249,87 @@ TEST(CudaBackend, ManyRowsInOneBatch) {
       const double ref = Dot64(&x[r * K], host, n, true, &ab);
       EXPECT_LE(std::fabs(y[r * S + n] - ref), 4 * std::ldexp(1.0, -23) * std::sqrt(double(K)) * ab)
           << r << " " << n;
+    }
+  }
+}
+
+// The modes a row can ask for, each a row of its own in the batch-invariance test.
+std::vector<RowTask> EveryMode() {
+  return {
+      Task(RowMode::kFullLogits, RowHead::kFp8Twin),
+      Task(RowMode::kFullLogits, RowHead::kFp8Twin, 0, OutDType::kBf16),
+      Task(RowMode::kTopK, RowHead::kFp8Twin, 8, OutDType::kFp32, 0.7f),
+      Task(RowMode::kTopK, RowHead::kFp8Twin, 64),
+      Task(RowMode::kTopK, RowHead::kFp8Twin, 100, OutDType::kFp32, 1.3f),
+      Task(RowMode::kArgmax, RowHead::kFp8Twin),
+      Task(RowMode::kSample, RowHead::kFp8Twin, 1, OutDType::kFp32, 0.9f, 77, 2),
+  };
+}
+
+// One Run's payload bytes, copied out (the backend reuses its buffer).
+std::vector<uint8_t> RunPayload(ComputeBackend& be, const std::vector<RowTask>& tasks,
+                                const std::vector<uint16_t>& x, int64_t S) {
+  BatchControl ctl{};
+  ctl.rows = static_cast<uint32_t>(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) ctl.tasks[i] = tasks[i];
+  auto out = be.Run(ctl, x.data(), MemorySpace::kHost);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  const size_t bytes = MakePayloadLayout(ctl.tasks, ctl.rows, S).bytes();
+  const auto* p = static_cast<const uint8_t*>(*out);
+  return std::vector<uint8_t>(p, p + bytes);
+}
+
+// A row's answer does not depend on its batch mates: every mode, alone and at several positions
+// in batches of 2..64 rows of mixed modes, gives the same payload bytes (the GEMV and every
+// epilogue kernel: a split chunk chosen from the batch's rows once changed the softmax sums). And
+// the captured CUDA graphs give the eager launches' bytes, also when a graph is replayed for a
+// later batch of the same shape with other rows and other modes.
+TEST(CudaBackend, EveryModeIsBatchInvariantAndGraphsMatchEagerLaunches) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  BackendOptions graphs;
+  graphs.device = 0;
+  BackendOptions eager = graphs;
+  eager.cuda_graphs = false;
+  auto gb = MakeCudaBackend(graphs, 0);
+  auto eb = MakeCudaBackend(eager, 0);
+  ASSERT_TRUE(gb.ok() && eb.ok());
+  ShardWeights w1 = host, w2 = host;
+  ASSERT_TRUE((*gb)->Load(std::move(w1)).ok());
+  ASSERT_TRUE((*eb)->Load(std::move(w2)).ok());
+  const std::vector<RowTask> modes = EveryMode();
+  auto hidden = [&](uint64_t seed) {
+    std::vector<uint16_t> r(K);
+    for (int64_t c = 0; c < K; ++c) r[c] = FloatToBf16(Gauss(seed, c));
+    return r;
+  };
+  const std::vector<uint16_t> subject = hidden(100);
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const std::vector<uint8_t> alone = RunPayload(**gb, {modes[m]}, subject, S);
+    ASSERT_EQ(alone, RunPayload(**eb, {modes[m]}, subject, S)) << "mode " << m << " alone";
+    for (int n : {2, 3, 5, 8, 16, 17, 33, 64}) {
+      for (int pos : {0, n / 2, n - 1}) {
+        std::vector<RowTask> tasks;
+        std::vector<uint16_t> x;
+        for (int i = 0; i < n; ++i) {
+          // Mates of every mode (and a second copy of this one), each with its own hidden row.
+          tasks.push_back(i == pos ? modes[m] : modes[(m + i * 3 + n) % modes.size()]);
+          const std::vector<uint16_t> r = i == pos ? subject : hidden(1000 + 97 * n + i + pos);
+          x.insert(x.end(), r.begin(), r.end());
+        }
+        const std::vector<uint8_t> got = RunPayload(**gb, tasks, x, S);
+        ASSERT_EQ(got, RunPayload(**eb, tasks, x, S)) << "graph vs eager: mode " << m << ", " << n
+                                                      << " rows, position " << pos;
+        BatchControl ctl{};
+        ctl.rows = static_cast<uint32_t>(n);
+        for (int i = 0; i < n; ++i) ctl.tasks[i] = tasks[i];
+        const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, S);
+        const std::vector<uint8_t> row(got.begin() + layout.row_offset[pos],
+                                       got.begin() + layout.row_offset[pos + 1]);
+        ASSERT_EQ(row, alone) << "mode " << m << " in a batch of " << n << " at position " << pos;
+      }
     }
   }
 }

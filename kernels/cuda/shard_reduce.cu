@@ -41,6 +41,37 @@ cudaError_t ValidateReduceRows(const ReduceRow* rows, int nrows) {
   return cudaSuccess;
 }
 
+namespace {
+
+enum : uint32_t {
+  kLaunchFull = 1, kLaunchSplit = 2, kLaunchBestPerRow = 4, kLaunchTopKSelect = 8
+};
+
+// The kernel families the rows need at this split chunk (0: the split path off); every family when
+// the host copy of the descriptors is not given.
+uint32_t Launches(int chunk, const ReduceRow* rows_host, int nrows) {
+  if (rows_host == nullptr)
+    return kLaunchFull | kLaunchTopKSelect | (chunk > 0 ? kLaunchSplit : kLaunchBestPerRow);
+  uint32_t m = 0;
+  for (int i = 0; i < nrows; ++i) {
+    const ReduceRow& r = rows_host[i];
+    const auto mode = static_cast<ReduceMode>(r.mode);
+    if (mode == ReduceMode::kFullLogits) m |= kLaunchFull;
+    const bool best = mode == ReduceMode::kArgmax || mode == ReduceMode::kSample;
+    const bool small = mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kSmallTopK;
+    if (chunk > 0 && (best || small)) m |= kLaunchSplit;
+    if (chunk == 0 && best) m |= kLaunchBestPerRow;
+    if (mode == ReduceMode::kTopK && (chunk == 0 || !small)) m |= kLaunchTopKSelect;
+  }
+  return m;
+}
+
+}  // namespace
+
+uint32_t EpilogueLaunches(int64_t n_valid, const ReduceRow* rows_host, int nrows) {
+  return Launches(epilogue::SplitChunk(n_valid, 0), rows_host, nrows);
+}
+
 cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                           int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
@@ -62,29 +93,10 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
     return cudaErrorInvalidValue;
   if (scratch == nullptr || scratch_bytes < EpilogueScratchBytes(n_valid, nrows))
     return cudaErrorInvalidValue;
-  uint32_t kmax = 8;
-  if (rows_host != nullptr) {
-    kmax = 1;
-    for (int i = 0; i < nrows; ++i)
-      if (static_cast<ReduceMode>(rows_host[i].mode) == ReduceMode::kTopK && rows_host[i].k <= kSmallTopK)
-        kmax = std::max(kmax, rows_host[i].k);
-  }
-  const int chunk = split_chunk < 0 ? 0 : epilogue::SplitChunk(n_valid, nrows, kmax, split_chunk);
-  // What the rows need (everything when the host copy of the descriptors is not given).
-  bool any_full = true, any_split = chunk > 0, any_large = true, any_best_old = chunk == 0;
-  if (rows_host != nullptr) {
-    any_full = any_split = any_large = any_best_old = false;
-    for (int i = 0; i < nrows; ++i) {
-      const ReduceRow& r = rows_host[i];
-      const auto mode = static_cast<ReduceMode>(r.mode);
-      if (mode == ReduceMode::kFullLogits) any_full = true;
-      const bool best = mode == ReduceMode::kArgmax || mode == ReduceMode::kSample;
-      const bool small = mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kSmallTopK;
-      if (chunk > 0 && (best || small)) any_split = true;
-      if (chunk == 0 && best) any_best_old = true;
-      if (mode == ReduceMode::kTopK && (chunk == 0 || !small)) any_large = true;
-    }
-  }
+  const int chunk = split_chunk < 0 ? 0 : epilogue::SplitChunk(n_valid, split_chunk);
+  const uint32_t launches = Launches(chunk, rows_host, nrows);
+  const bool any_full = launches & kLaunchFull, any_split = launches & kLaunchSplit,
+             any_best_old = launches & kLaunchBestPerRow, any_large = launches & kLaunchTopKSelect;
   if (any_full)
     DH_CUDA_TRY(epilogue::LaunchFullLogits(y, ldy, n_shard, rows_dev, nrows, payload, stream));
   // Scratch: the TOP_K segments' records, then the split path's chunk records.

@@ -59,6 +59,11 @@ cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t 
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           const ReduceRow* rows_host = nullptr);
 
+// Which kernels ShardEpilogue launches for these rows (a bit per kernel family). Two calls with
+// equal n_valid, nrows and launch sets launch the same grids from the same arguments (the rows'
+// values are read from rows_dev), so one captured CUDA graph serves both.
+uint32_t EpilogueLaunches(int64_t n_valid, const ReduceRow* rows_host, int nrows);
+
 namespace detail {
 // ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
 // kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the

@@ -328,14 +328,16 @@ __global__ void __launch_bounds__(kSplitThreads) SplitMerge(const float* __restr
 
 }  // namespace
 
-int SplitChunk(int64_t n_valid, int nrows, uint32_t kmax, int fixed_chunk) {
+int SplitChunk(int64_t n_valid, int fixed_chunk) {
   int64_t chunk = fixed_chunk;
   if (fixed_chunk <= 0) {
-    // 512 columns a CTA, doubled while rows x chunks (x2 for k >= 32: the merge reads chunks x k
-    // keys) exceeds 256: measured best or within ~1 us of the best fixed size (round 2, run 2).
+    // A function of the row length alone, so a row's softmax sum is added in the same order
+    // whatever its batch mates (batch invariance): the smallest of 512..4096 columns that cuts the
+    // row into at most 16 chunks. Round 2, run 3 (docs/cuda.md): at N = 32320 that is 2048, within
+    // 1 us of the best size at M <= 16 and +3.5 / +6.6 us at top-8 / top-64 x64; at N = 129280 it
+    // is 4096 (32 chunks), what the old rows-dependent rule chose for M >= 3.
     chunk = 512;
-    const int64_t w = kmax >= 32 ? 2 : 1;
-    while (chunk < kSplitMaxChunk && w * nrows * ((n_valid + chunk - 1) / chunk) > 256) chunk *= 2;
+    while (chunk < kSplitMaxChunk && (n_valid + chunk - 1) / chunk > 16) chunk *= 2;
   }
   const int64_t min_chunk = ((n_valid + kSplitMaxChunks - 1) / kSplitMaxChunks + 255) / 256 * 256;
   chunk = std::max(chunk, min_chunk);

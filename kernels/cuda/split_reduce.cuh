@@ -18,10 +18,10 @@ namespace drafthead::cuda::epilogue {
 // The largest TOP_K k the split path serves (larger k go to topk_select.cuh).
 inline constexpr uint32_t kSmallTopK = 64;
 
-// Columns per CTA for nrows rows of n_valid columns: fixed_chunk (512..4096) if given (> 0), else
-// chosen by shape; raised to what keeps a row within the chunk limit. 0: the split path cannot
-// serve this shape. kmax: the largest small TOP_K k among the rows (8 if unknown).
-int SplitChunk(int64_t n_valid, int nrows, uint32_t kmax, int fixed_chunk);
+// Columns per CTA for rows of n_valid columns: fixed_chunk (512..4096) if given (> 0), else chosen
+// from n_valid alone (never from the batch: a row's result must not depend on its batch mates);
+// raised to what keeps a row within the chunk limit. 0: the split path cannot serve this shape.
+int SplitChunk(int64_t n_valid, int fixed_chunk);
 
 // Scratch LaunchSplitReduce needs for nrows rows (any chunk SplitChunk returns).
 size_t SplitReduceScratchBytes(int nrows);

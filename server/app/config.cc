@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address of rank 0");
 ABSL_FLAG(uint32_t, max_rows, 64, "Most rows in one request and one batch");
 ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
 ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EXACT");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "CUDA backend: replay one captured CUDA graph per batch shape instead of launching each "
+          "copy and kernel (false: eager launches)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -128,6 +131,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   }
   c.backend_options.device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
+  c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);
   if (c.backend_options.threads < 0) return Bad("--threads must be >= 0 (0: hardware threads / ranks on this host)");
   const std::string isa = absl::GetFlag(FLAGS_isa);

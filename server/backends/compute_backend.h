@@ -24,6 +24,7 @@ struct BackendOptions {
   int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
+  bool cuda_graphs = true;  // CUDA: replay one captured graph per step shape (--cuda-graphs)
   cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
 };
 
@@ -31,6 +32,7 @@ struct BackendOptions {
 // (h2d, gemv, epilogue, d2h) on each Run; the engine adds the collectives' and its own copy.
 struct StageTimes {
   uint32_t broadcast_us = 0, h2d_us = 0, gemv_us = 0, epilogue_us = 0, gather_us = 0, d2h_us = 0;
+  bool graph = false;  // the backend's step replayed a captured CUDA graph
 };
 
 struct LoadReport {
@@ -42,6 +44,8 @@ class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
+  // Whether Run, ScratchBuffer and CopyToHost accept MemorySpace::kDevice.
+  virtual bool has_device_memory() const = 0;
 
   // Takes ownership of the shard. Builds the twin when w.codes is empty; keeps the bf16 head
   // only when options.keep_bf16 (otherwise frees it). Refuses shapes it cannot serve.
@@ -56,8 +60,9 @@ class ComputeBackend {
   // The last successful Run's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;
 
-  // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target), valid until the
-  // next call to ScratchBuffer; and a copy from it to host memory.
+  // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target; in host memory,
+  // where a device gather is copied back: pinned on the GPU), valid until the next call to
+  // ScratchBuffer for the same space; and a copy from it to host memory.
   virtual absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) = 0;
 };

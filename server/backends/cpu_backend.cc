@@ -23,6 +23,7 @@ class CpuBackend : public ComputeBackend {
   explicit CpuBackend(const BackendOptions& o) : opts_(o), pool_(o.threads) {}
 
   std::string name() const override { return "cpu"; }
+  bool has_device_memory() const override { return false; }
   bool has_bf16() const override { return !w_.bf16.empty(); }
 
   absl::StatusOr<LoadReport> Load(ShardWeights w) override {

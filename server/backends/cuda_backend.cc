@@ -5,7 +5,8 @@
 // batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
 // grouped by head + the per-row epilogue descriptors) and, for kHost, one download of the payload
 // per Run; one stream synchronization per Run. Events between the stages time them
-// (stage_times).
+// (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
+// back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly).
 //
 // Threads: one caller at a time (the rank's engine thread); every entry point makes the backend's
 // device current first, so the caller need not. Failure: absl::Status naming the failing
@@ -17,7 +18,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +30,7 @@
 #include "kernels/cuda/twin.cuh"
 #include "server/backends/compute_backend.h"
 #include "common/cuda_status.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace drafthead {
@@ -70,6 +74,7 @@ class CudaBackend : public ComputeBackend {
 
   ~CudaBackend() override {
     if (device_ >= 0) cudaSetDevice(device_);
+    DropGraphs();
     if (cublas_) cublasDestroy(cublas_);
     for (cudaEvent_t e : events_)
       if (e) cudaEventDestroy(e);
@@ -97,6 +102,7 @@ class CudaBackend : public ComputeBackend {
   }
 
   std::string name() const override { return "cuda"; }
+  bool has_device_memory() const override { return true; }
   bool has_bf16() const override { return bf16_.p != nullptr; }
 
   absl::StatusOr<LoadReport> Load(ShardWeights w) override {
@@ -121,6 +127,7 @@ class CudaBackend : public ComputeBackend {
       return absl::InvalidArgumentError("cuda backend: twin shape does not match the shard");
 
     LoadReport rep;
+    DropGraphs();  // they name the old shard
     bf16_.Free();
     DH_CUDA_CHECK(codes_.Reserve(elems));
     DH_CUDA_CHECK(exps_.Reserve(exp_elems));
@@ -205,46 +212,38 @@ class CudaBackend : public ComputeBackend {
           "cuda backend: a row has an unknown mode, k outside 1..", cuda::kMaxTopK,
           " (1 for ARGMAX / SAMPLE) or a temperature <= 0"));
 
-    DH_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, stage_bytes, cudaMemcpyHostToDevice, stream_));
-    DH_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
-    const auto* dx = static_cast<const uint16_t*>(dstage_.p);
-    auto* y = static_cast<float*>(y_.p);
-    if (n_fp8 > 0) {
-      DH_CUDA_CHECK(cuda::HeadGemvFp8(dx, n_fp8, K, static_cast<const uint8_t*>(codes_.p),
-                                      static_cast<const uint8_t*>(exps_.p), S, y, ldy, fast_path_,
-                                      stream_));
-    }
-    if (n_bf16 > 0) {
-      DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(n_fp8) * K, n_bf16, K,
-                                         static_cast<const uint16_t*>(bf16_.p), S,
-                                         y + static_cast<size_t>(n_fp8) * ldy, ldy, stream_));
-    }
-    DH_CUDA_CHECK(cudaEventRecord(events_[2], stream_));
-    const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
-        static_cast<const uint8_t*>(dstage_.p) + desc_off);
-    DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
-                                      static_cast<int32_t>(geo_.row_begin()), ddesc, rows,
-                                      static_cast<uint8_t*>(payload_.p), escratch_.p,
-                                      escratch_.bytes, stream_, desc));
-    DH_CUDA_CHECK(cudaEventRecord(events_[3], stream_));
-    if (space == MemorySpace::kHost) {
-      DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, layout.bytes(),
-                                    cudaMemcpyDeviceToHost, stream_));
-    }
-    DH_CUDA_CHECK(cudaEventRecord(events_[4], stream_));
+    Step step;
+    step.rows = rows;
+    step.n_fp8 = n_fp8;
+    step.n_bf16 = n_bf16;
+    step.stage_bytes = stage_bytes;
+    step.desc_off = desc_off;
+    step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
+    bool graphed = false;
+    DH_RETURN_IF_ERROR(LaunchStep(step, desc, &graphed));
     // Synchronous at the end (the one wait of the batch): the staging buffers are reused by the
     // next Run, and a collective on another stream may read the payload next (collective.h: device
     // buffers must be complete before a collective call).
     DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
     float ms[4] = {};
-    for (int i = 0; i < 4; ++i) DH_CUDA_CHECK(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+    for (int i = 0; i < 4; ++i) {
+      if (cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]) != cudaSuccess) {
+        // Stage times are for the metrics only: a timing the driver refuses is not worth the batch.
+        const cudaError_t e = cudaGetLastError();
+        if (!timing_warned_)
+          Log(LogLevel::kWarn, "stage_timing_unavailable", "rank", rank_, "graph", graphed,
+              "error", std::string(cudaGetErrorString(e)));
+        timing_warned_ = true;
+        ms[i] = 0;
+      }
+    }
     auto us = [](float m) { return static_cast<uint32_t>(m * 1000.f + 0.5f); };
     times_ = StageTimes{};
     times_.h2d_us = us(ms[0]);
     times_.gemv_us = us(ms[1]);
     times_.epilogue_us = us(ms[2]);
     times_.d2h_us = us(ms[3]);
+    times_.graph = graphed;
     return static_cast<const void*>(space == MemorySpace::kHost ? hpayload_.p : payload_.p);
   }
 
@@ -273,6 +272,103 @@ class CudaBackend : public ComputeBackend {
   }
 
  private:
+  // One batch's device work, as Run laid it out in the staging buffers.
+  struct Step {
+    int rows = 0, n_fp8 = 0, n_bf16 = 0;
+    size_t stage_bytes = 0, desc_off = 0;
+    size_t d2h_bytes = 0;  // 0: the payload stays on the device
+  };
+
+  // The step's stream work, launched one by one: H2D of the staging buffer, the GEMV(s), the
+  // epilogue, the D2H of the payload, with the timing events between them. External event
+  // records, so that a capture keeps them as graph nodes.
+  absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
+    const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[0], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, s.stage_bytes, cudaMemcpyHostToDevice, stream_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[1], stream_, cudaEventRecordExternal));
+    const auto* dx = static_cast<const uint16_t*>(dstage_.p);
+    auto* y = static_cast<float*>(y_.p);
+    if (s.n_fp8 > 0) {
+      DH_CUDA_CHECK(cuda::HeadGemvFp8(dx, s.n_fp8, K, static_cast<const uint8_t*>(codes_.p),
+                                      static_cast<const uint8_t*>(exps_.p), S, y, ldy, fast_path_,
+                                      stream_));
+    }
+    if (s.n_bf16 > 0) {
+      DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(s.n_fp8) * K, s.n_bf16,
+                                         K, static_cast<const uint16_t*>(bf16_.p), S,
+                                         y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
+    }
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[2], stream_, cudaEventRecordExternal));
+    const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
+        static_cast<const uint8_t*>(dstage_.p) + s.desc_off);
+    DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
+                                      static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
+                                      static_cast<uint8_t*>(payload_.p), escratch_.p,
+                                      escratch_.bytes, stream_, desc));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[3], stream_, cudaEventRecordExternal));
+    if (s.d2h_bytes > 0) {
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, s.d2h_bytes, cudaMemcpyDeviceToHost,
+                                    stream_));
+    }
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[4], stream_, cudaEventRecordExternal));
+    return absl::OkStatus();
+  }
+
+  // Launches the step: replays the graph captured for its shape (capturing it the first time), or
+  // launches eagerly (graphs off, cuBLAS rows, a shape whose capture failed, the cache full).
+  // Every value a step's kernels read that changes between steps of one shape (x, the row
+  // descriptors) lies in dstage_, uploaded by the graph's own H2D node; the rest is fixed per shape:
+  // the row count, the epilogue's kernels (EpilogueLaunches) and the bytes copied back.
+  absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
+    *graphed = false;
+    if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
+    const uint64_t key = static_cast<uint64_t>(s.rows) |
+                         static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
+                         static_cast<uint64_t>(s.d2h_bytes) << 24;
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc);
+      it = graphs_.emplace(key, Capture(s, desc)).first;
+    }
+    if (it->second == nullptr) return EnqueueStep(s, desc);
+    DH_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    *graphed = true;
+    return absl::OkStatus();
+  }
+
+  // The step captured into an executable graph; nullptr when capture or instantiation fails (the
+  // shape then runs eagerly, which reports any real error).
+  cudaGraphExec_t Capture(const Step& s, const cuda::ReduceRow* desc) {
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    const absl::Status enqueued = EnqueueStep(s, desc);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t made = cudaErrorUnknown;
+    if (enqueued.ok() && ended == cudaSuccess && graph != nullptr)
+      made = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (made != cudaSuccess) {
+      (void)cudaGetLastError();  // capture errors are not sticky; the eager launch reports real ones
+      Log(LogLevel::kWarn, "cuda_graph_capture_failed", "rank", rank_, "rows", s.rows, "error",
+          enqueued.ok() ? std::string(cudaGetErrorString(ended != cudaSuccess ? ended : made))
+                        : std::string(enqueued.message()));
+      return nullptr;
+    }
+    return exec;
+  }
+
+  // Graphs hold the work buffers' addresses: dropped whenever one is reallocated.
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs_)
+      if (exec) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
   int64_t Ldy() const { return (geo_.shard_rows + 3) / 4 * 4; }  // 16-byte aligned logit rows
 
   // Work buffers for `rows` rows of any mode (the largest payload row is fp32 full logits).
@@ -288,6 +384,7 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
+    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayload_.p, escratch_.p};
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
@@ -295,6 +392,8 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(hpayload_.Reserve(payload_bytes));
     DH_CUDA_CHECK(escratch_.Reserve(
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
+    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayload_.p, escratch_.p};
+    if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     return absl::OkStatus();
   }
 
@@ -310,6 +409,11 @@ class CudaBackend : public ComputeBackend {
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
   PinnedMem stage_, hpayload_, hscratch_;
   cudaEvent_t events_[5] = {};  // before H2D, after H2D, GEMV, epilogue, D2H
+  // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
+  // server sees few shapes (row counts x mode mixes), and beyond kMaxGraphs steps run eagerly.
+  static constexpr size_t kMaxGraphs = 256;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  bool timing_warned_ = false;
   StageTimes times_;
 };
 

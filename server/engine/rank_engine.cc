@@ -23,8 +23,8 @@ RankEngine::RankEngine(std::unique_ptr<Collective> comm, std::unique_ptr<Compute
                        ShardGeometry geo, EngineOptions opts)
     : comm_(std::move(comm)), backend_(std::move(backend)), geo_(geo), opts_(opts) {
   // Device-resident payloads only when both sides can: NCCL moves them GPU to GPU.
-  space_ = (comm_->AcceptsDeviceMemory() && backend_->name() == "cuda") ? MemorySpace::kDevice
-                                                                          : MemorySpace::kHost;
+  space_ = (comm_->AcceptsDeviceMemory() && backend_->has_device_memory()) ? MemorySpace::kDevice
+                                                                            : MemorySpace::kHost;
   // Sized by the hard row cap, not --max-rows, so ranks agree on it whatever their flags.
   max_message_bytes_ = std::max(BatchMessageBytes(kMaxRowsLimit, geo_.hidden), kMinFrameBytes);
   msg_.resize(frame_bytes_);
@@ -90,6 +90,7 @@ absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl
   times->gemv_us = b.gemv_us;
   times->epilogue_us = b.epilogue_us;
   times->d2h_us = b.d2h_us;
+  times->graph = b.graph;
   if (world() == 1) return payload;
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(comm_->Gather(payload, layout_.bytes(), recv, space, opts_.op_timeout));
@@ -125,10 +126,10 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ct
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (world() > 1 && space_ == MemorySpace::kDevice) {
     const auto t1 = Clock::now();
-    gathered_.resize(total);
-    DH_RETURN_IF_ERROR(backend_->CopyToHost(gathered_.data(), out, total, space_));
+    DH_ASSIGN_OR_RETURN(void* host, backend_->ScratchBuffer(total, MemorySpace::kHost));
+    DH_RETURN_IF_ERROR(backend_->CopyToHost(host, out, total, space_));
     g.stages.d2h_us += MicrosSince(t1);
-    out = gathered_.data();
+    out = host;
   }
   g.data = static_cast<const uint8_t*>(out);
   g.per_rank_bytes = layout_.bytes();

@@ -109,7 +109,6 @@ class RankEngine {
   size_t frame_bytes_ = kMinFrameBytes;  // the next broadcast's size, agreed the step before
   std::vector<uint8_t> msg_;         // the step's message (16-byte aligned: operator new)
   BatchControl ctl_;                 // workers: the received batch's tasks
-  std::vector<uint8_t> gathered_;    // rank 0: host copy of device-resident gathered payloads
   PayloadLayout layout_;             // the current batch's payload layout
 };
 

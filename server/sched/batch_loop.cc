@@ -143,6 +143,8 @@ absl::Status BatchLoop::Run() {
       metrics_->SetCallerQueues(by_class);
     }
     absl::MutexLock l(&engine_mu_);
+    // The batch holds the engine now: an inline run can no longer overtake it.
+    batcher_.BatchStarted();
     if (!failed_.ok()) {  // an inline run failed the group (and closed the batcher)
       for (auto& it : batch) it.done(failed_, nullptr);
       return failed_;

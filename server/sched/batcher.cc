@@ -16,7 +16,7 @@ absl::Status Batcher::Submit(BatchItem item) {
   InlineRunner* runner = nullptr;
   {
     absl::MutexLock l(&mu_);
-    if (item.may_run_inline && closed_.ok() && requests_ == 0) runner = runner_;
+    if (item.may_run_inline && closed_.ok() && requests_ == 0 && !in_hand_) runner = runner_;
   }
   if (runner != nullptr && runner->TryRunInline(item)) return absl::OkStatus();
   absl::Status refused;
@@ -132,9 +132,16 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
       if (cut_ == c) cut_ = nullptr;
       if (c->items.empty()) Retire(c);
     }
+    // Set with the dequeue, under one lock: a Submit that sees the queue empty also sees this.
+    in_hand_ = !batch.empty();
   }
   for (size_t i = 0; i < drops.size(); ++i) drops[i].done(drop_status[i], nullptr);
   return batch;
+}
+
+void Batcher::BatchStarted() {
+  absl::MutexLock l(&mu_);
+  in_hand_ = false;
 }
 
 bool Batcher::HasWorkOrClosed() const { return requests_ > 0 || !closed_.ok(); }

@@ -100,14 +100,17 @@ class Batcher {
 
   // Waits up to `idle_wait` for work, then up to max_queue_delay for the batch to fill. Returns the
   // batch (possibly empty), fairly across callers (above). Drops expired and cancelled items
-  // (completing them).
+  // (completing them). A non-empty batch is "in hand" until BatchStarted: meanwhile the queue is
+  // empty and the engine may be free, but nothing runs inline ahead of it.
   std::vector<BatchItem> Take(std::chrono::milliseconds idle_wait);
+  // The batch Take returned now holds the engine (or was failed): inline runs may go again.
+  void BatchStarted();
 
   // Fails everything queued with `reason`, and every later Submit.
   void Close(const absl::Status& reason);
 
-  // Submit offers an item that may_run_inline to `runner` first when nothing is queued and
-  // max_queue_delay is 0 (else a wait for batches to fill was asked for); nullptr: off. `runner`
+  // Submit offers an item that may_run_inline to `runner` first when nothing is queued or in hand
+  // and max_queue_delay is 0 (else a wait for batches to fill was asked for); nullptr: off. `runner`
   // must outlive its use here.
   void SetInlineRunner(InlineRunner* runner);
 
@@ -154,6 +157,7 @@ class Batcher {
   uint64_t takes_ ABSL_GUARDED_BY(mu_) = 0;      // Take calls so far
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;       // rows queued, every caller
   size_t requests_ ABSL_GUARDED_BY(mu_) = 0;     // requests queued, every caller
+  bool in_hand_ ABSL_GUARDED_BY(mu_) = false;    // Take returned a batch not yet started
   absl::Status closed_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   InlineRunner* runner_ ABSL_GUARDED_BY(mu_) = nullptr;
   Dropped dropped_ ABSL_GUARDED_BY(mu_);

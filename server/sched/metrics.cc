@@ -107,6 +107,7 @@ InferenceStats Metrics::inference_stats() const {
 void Metrics::RecordBatch(uint32_t rows, uint32_t requests, double compute_seconds, const StageTimes& st) {
   absl::MutexLock l(&mu_);
   ++batches_;
+  if (st.graph) ++graph_batches_;
   ++inference_.execution_count;
   AddBatchCompute(st, &inference_.batches[requests]);
   batch_rows_.Observe(rows);
@@ -187,6 +188,9 @@ std::string Metrics::Render() const {
     absl::StrAppend(&out, "drafthead_rows_total{mode=\"", mode, "\"} ", n, "\n");
   Header(&out, "drafthead_batches_total", "counter", "Batches run across the rank group.");
   absl::StrAppend(&out, "drafthead_batches_total ", batches_, "\n");
+  Header(&out, "drafthead_graph_batches_total", "counter",
+         "Batches whose device step on rank 0 replayed a captured CUDA graph (--cuda-graphs).");
+  absl::StrAppend(&out, "drafthead_graph_batches_total ", graph_batches_, "\n");
   Header(&out, "drafthead_batch_rows", "histogram", "Rows per batch.");
   batch_rows_.Render("drafthead_batch_rows", "", &out);
   Header(&out, "drafthead_queue_seconds", "histogram", "Time a request waited in rank 0's queue.");

@@ -104,6 +104,7 @@ class Metrics {
   // drafthead_stage_seconds{stage=...}: kStageNames order (metrics.cc).
   std::vector<Histogram> stage_s_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t graph_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t queue_rows_ ABSL_GUARDED_BY(mu_) = 0, queue_requests_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::pair<uint32_t, uint32_t>> caller_queues_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Histogram> caller_wait_s_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,79 @@
+#!/bin/bash
+# Issue 22's engine table in one device command: the CUDA backend with captured graphs
+# (--cuda-graphs=true, the default) against eager launches (false), two tp=1 --comm=nccl servers
+# (full vocabulary, synthetic weights) on the one GPU, measured alternately in ROUNDS rounds so
+# both see the same machine. Only one server has work at a time (no time slicing between them).
+# Here: `bench/gpu/bundle.sh`; on the GPU machine, from the repository root (carry `bundle-gpu`):
+#
+#   ROUNDS=2 SECS=2 bash bench/gpu/engine.sh
+#
+# Points: gRPC unary c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=64 TOP_K k=8 (one batch of 64 rows);
+# c=64 M=5 TOP_K (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX. Columns are
+# p50s in us (stages: the server's own, device events for h2d / gemv / epilogue / d2h). Then each
+# server's drafthead_graph_batches_total against its batches (graphs really replayed).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/gpu/env.sh
+srv=$DH/bin/server/drafthead-server
+cli=$DH/bin/client/drafthead-client
+secs=${SECS:-2}
+rounds=${ROUNDS:-2}
+tmp=$(mktemp -d)
+source bench/serving_lib.sh
+declare -A ports pids mports
+cleanup() {
+  for g in on off; do [ -n "${pids[$g]:-}" ] && kill -TERM "${pids[$g]}" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+
+for g in on off; do
+  flag=true; [ $g = off ] && flag=false
+  mports[$g]=$(port_pick)
+  serve "$srv" "$tmp/$g.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system --lanes=4 --max-rows=64 \
+    --cuda-graphs=$flag --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
+  ports[$g]=$port
+  pids[$g]=$pid
+done
+
+point_header
+for ((r = 0; r < rounds; ++r)); do
+  for spec in "grpc M=5 TOP_K|--rows=5 --mode=topk --k=8" "grpc M=1 ARGMAX|--rows=1 --mode=argmax" \
+              "grpc M=64 TOP_K|--rows=64 --mode=topk --k=8" \
+              "grpc c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --concurrency=64 --connections=4" \
+              "lane M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm" "lane M=1 ARGMAX|--rows=1 --mode=argmax --lane=shm"; do
+    label=${spec%%|*}
+    flags=${spec#*|}
+    for g in on off; do
+      port=${ports[$g]}
+      # shellcheck disable=SC2086
+      point "$label, graphs $g (round $r)" $flags --duration=${secs}s
+      echo "$label|$g|$p50" >>"$tmp/p50.txt"
+    done
+  done
+done
+
+echo; echo "### Medians over the rounds: graphs on / off"
+python3 - "$tmp/p50.txt" <<'PY'
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    label, g, p = line.rstrip('\n').split('|')
+    v.setdefault(label, {}).setdefault(g, []).append(float(p))
+print("| point | graphs on p50 us | graphs off p50 us | on / off |")
+print("| --- | --- | --- | --- |")
+for label, d in v.items():
+    a, b = statistics.median(d['on']), statistics.median(d['off'])
+    print(f"| {label} | {a:.1f} | {b:.1f} | {a / b:.3f} |")
+PY
+
+echo; echo "### Batches replayed from a graph (drafthead_graph_batches_total / drafthead_batches_total)"
+for g in on off; do
+  m=$(curl -s "http://127.0.0.1:${mports[$g]}/metrics" 2>/dev/null || python3 -c "import urllib.request,sys; print(urllib.request.urlopen('http://127.0.0.1:${mports[$g]}/metrics').read().decode())")
+  echo "graphs $g: $(echo "$m" | grep -E '^drafthead_(graph_)?batches_total ' | tr '\n' ' ')"
+done
+grep -h "cuda_graph_capture_failed\|stage_timing_unavailable" "$tmp"/on.log "$tmp"/off.log | head -5
