@@ -334,6 +334,44 @@ TEST(CudaBackend, EveryModeIsBatchInvariantAndGraphsMatchEagerLaunches) {
   }
 }
 
+// Rows written straight into the backend's upload buffer (InputRows, what the engine does at
+// tp = 1) give the answer rows passed from elsewhere give: fp8-only batches are used in place,
+// mixed-head ones regrouped from a copy.
+TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  BackendOptions opt;
+  opt.device = 0;
+  opt.keep_bf16 = true;
+  auto be = MakeCudaBackend(opt, 0);
+  ASSERT_TRUE(be.ok()) << be.status();
+  ShardWeights w = host;
+  ASSERT_TRUE((*be)->Load(std::move(w)).ok());
+  const std::vector<std::vector<RowTask>> batches = {
+      {Task(RowMode::kTopK, RowHead::kFp8Twin, 8), Task(RowMode::kArgmax, RowHead::kFp8Twin),
+       Task(RowMode::kFullLogits, RowHead::kFp8Twin)},
+      {Task(RowMode::kTopK, RowHead::kBf16Exact, 8), Task(RowMode::kTopK, RowHead::kFp8Twin, 8),
+       Task(RowMode::kFullLogits, RowHead::kBf16Exact), Task(RowMode::kArgmax, RowHead::kFp8Twin)},
+  };
+  for (const auto& tasks : batches) {
+    std::vector<uint16_t> x(tasks.size() * K);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(Gauss(9, i));
+    const std::vector<uint8_t> from_outside = RunPayload(**be, tasks, x, S);
+    uint16_t* in = (*be)->InputRows(static_cast<uint32_t>(tasks.size()));
+    ASSERT_NE(in, nullptr);
+    std::memcpy(in, x.data(), x.size() * 2);
+    BatchControl ctl{};
+    ctl.rows = static_cast<uint32_t>(tasks.size());
+    for (size_t i = 0; i < tasks.size(); ++i) ctl.tasks[i] = tasks[i];
+    auto out = (*be)->Run(ctl, in, MemorySpace::kHost);
+    ASSERT_TRUE(out.ok()) << out.status();
+    const auto* p = static_cast<const uint8_t*>(*out);
+    EXPECT_EQ(std::vector<uint8_t>(p, p + from_outside.size()), from_outside)
+        << tasks.size() << "-row batch";
+  }
+}
+
 TEST(CudaBackend, RefusesAMissingDevice) {
   DH_SKIP_WITHOUT_GPU();
   BackendOptions opt;

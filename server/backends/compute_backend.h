@@ -57,6 +57,10 @@ class ComputeBackend {
   // in `space` (kDevice only for backends with device memory), valid until the next Run.
   virtual absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
                                           MemorySpace space) = 0;
+  // Where the next Run's x (bf16 [rows, K]) may be written so that Run, given this pointer, need not
+  // copy it again (the CUDA backend's pinned upload buffer); valid until the next Run or InputRows.
+  // nullptr: no such buffer (Run copies or reads x where it is).
+  virtual uint16_t* InputRows(uint32_t rows) { (void)rows; return nullptr; }
   // The last successful Run's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;
 

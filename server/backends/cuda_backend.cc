@@ -178,9 +178,17 @@ class CudaBackend : public ComputeBackend {
     // No-ops after Load's ReserveWork unless a batch exceeds --max-rows (tests).
     DH_RETURN_IF_ERROR(ReserveWork(rows));
 
-    // Group rows by head so each head's weights are read once; y rows follow that order.
+    // Group rows by head so each head's weights are read once; y rows follow that order. x may
+    // already lie in the upload buffer (InputRows): then fp8-only batches are in place, and mixed
+    // ones are regrouped from a copy.
     auto* sx = static_cast<uint16_t*>(stage_.p);
     auto* desc = reinterpret_cast<cuda::ReduceRow*>(static_cast<uint8_t*>(stage_.p) + desc_off);
+    bool all_fp8 = true;
+    for (int i = 0; i < rows; ++i) all_fp8 = all_fp8 && ctl.tasks[i].head == RowHead::kFp8Twin;
+    if (x == sx && !all_fp8) {
+      regroup_.assign(x, x + static_cast<size_t>(rows) * K);
+      x = regroup_.data();
+    }
     int n_fp8 = 0, n_bf16 = 0;
     for (int pass = 0; pass < 2; ++pass) {
       const RowHead head = pass == 0 ? RowHead::kFp8Twin : RowHead::kBf16Exact;
@@ -189,7 +197,7 @@ class CudaBackend : public ComputeBackend {
         if (t.head != head) continue;
         const int yr = n_fp8 + n_bf16;
         (pass == 0 ? n_fp8 : n_bf16)++;
-        std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
+        if (x != sx) std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
         cuda::ReduceRow& d = desc[i];
         d = cuda::ReduceRow{};
         d.y_row = yr;
@@ -245,6 +253,15 @@ class CudaBackend : public ComputeBackend {
     times_.d2h_us = us(ms[3]);
     times_.graph = graphed;
     return static_cast<const void*>(space == MemorySpace::kHost ? hpayload_.p : payload_.p);
+  }
+
+  uint16_t* InputRows(uint32_t rows) override {
+    if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
+    if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok()) {
+      (void)cudaGetLastError();
+      return nullptr;  // Run reports the failure
+    }
+    return static_cast<uint16_t*>(stage_.p);
   }
 
   StageTimes stage_times() const override { return times_; }
@@ -408,6 +425,7 @@ class CudaBackend : public ComputeBackend {
   DeviceMem codes_, exps_, bf16_;        // the shard
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
   PinnedMem stage_, hpayload_, hscratch_;
+  std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)
   cudaEvent_t events_[5] = {};  // before H2D, after H2D, GEMV, epilogue, D2H
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
   // server sees few shapes (row counts x mode mixes), and beyond kMaxGraphs steps run eagerly.

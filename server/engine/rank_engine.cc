@@ -39,6 +39,9 @@ absl::StatusOr<std::vector<RankReadyReport>> RankEngine::ExchangeReady(
 }
 
 uint16_t* RankEngine::HiddenRowsFor(uint32_t rows) {
+  // Alone, nothing is broadcast: the rows may go straight into the backend's upload buffer.
+  if (world() == 1)
+    if (uint16_t* in = backend_->InputRows(rows)) return in;
   // At least the frame too, so StartMessage never reallocates under the caller's rows.
   const size_t need = std::max(BatchMessageBytes(rows, geo_.hidden), frame_bytes_);
   if (msg_.size() < need) msg_.resize(need);

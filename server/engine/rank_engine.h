@@ -69,7 +69,8 @@ class RankEngine {
   absl::StatusOr<std::vector<RankReadyReport>> ExchangeReady(const RankReadyReport& mine);
 
   // Rank 0: where the next batch's hidden rows (bf16 [rows, K]) may be written, inside the
-  // message the engine broadcasts, so RunBatch need not copy them. Valid until the next call.
+  // message the engine broadcasts (alone: the backend's upload buffer, ComputeBackend::InputRows),
+  // so RunBatch need not copy them. Valid until the next call or batch.
   uint16_t* HiddenRowsFor(uint32_t rows);
 
   // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K] (HiddenRowsFor's buffer or any
