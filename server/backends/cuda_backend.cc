@@ -297,13 +297,14 @@ class CudaBackend : public ComputeBackend {
   };
 
   // The step's stream work, launched one by one: H2D of the staging buffer, the GEMV(s), the
-  // epilogue, the D2H of the payload, with the timing events between them. External event
-  // records, so that a capture keeps them as graph nodes.
+  // epilogue, the D2H of the payload, with the timing events between them (external records while
+  // capturing, so that the graph keeps them as event nodes; outside a capture the driver refuses
+  // that flag).
   absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[0], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[0], stream_, record_flags_));
     DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, s.stage_bytes, cudaMemcpyHostToDevice, stream_));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[1], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[1], stream_, record_flags_));
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
@@ -316,19 +317,19 @@ class CudaBackend : public ComputeBackend {
                                          K, static_cast<const uint16_t*>(bf16_.p), S,
                                          y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[2], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[2], stream_, record_flags_));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage_.p) + s.desc_off);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
                                       static_cast<uint8_t*>(payload_.p), escratch_.p,
                                       escratch_.bytes, stream_, desc));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[3], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[3], stream_, record_flags_));
     if (s.d2h_bytes > 0) {
       DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, s.d2h_bytes, cudaMemcpyDeviceToHost,
                                     stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[4], stream_, cudaEventRecordExternal));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[4], stream_, record_flags_));
     return absl::OkStatus();
   }
 
@@ -361,7 +362,9 @@ class CudaBackend : public ComputeBackend {
       (void)cudaGetLastError();
       return nullptr;
     }
+    record_flags_ = cudaEventRecordExternal;
     const absl::Status enqueued = EnqueueStep(s, desc);
+    record_flags_ = cudaEventRecordDefault;
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
@@ -432,6 +435,7 @@ class CudaBackend : public ComputeBackend {
   static constexpr size_t kMaxGraphs = 256;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool timing_warned_ = false;
+  unsigned record_flags_ = cudaEventRecordDefault;  // cudaEventRecordExternal while capturing
   StageTimes times_;
 };
 
