@@ -10,8 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/host_port.h"
 #include "kernels/cpu/head_gemv.h"
-#include "server/comm/rendezvous.h"
 #include "server/group/wire_format.h"
 
 ABSL_FLAG(std::string, weights, "", "Checkpoint: a .safetensors file or a directory (sharded: model.safetensors.index.json)");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/exit_codes.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "server/app/front.h"
 #include "server/app/launcher.h"

@@ -13,9 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cpu/head_gemv.h"
-#include "server/group/wire_format.h"
-#include "server/comm/collective.h"
+#include "server/group/memory_space.h"
 #include "server/group/shard_geometry.h"
+#include "server/group/stage_times.h"
+#include "server/group/wire_format.h"
 
 namespace drafthead {
 
@@ -25,12 +26,6 @@ struct BackendOptions {
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
   cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
-};
-
-// Where one batch's time went (microseconds of wall or device time). The backend fills its part
-// (h2d, gemv, epilogue, d2h) on each Run; the engine adds the collectives' and its own copy.
-struct StageTimes {
-  uint32_t broadcast_us = 0, h2d_us = 0, gemv_us = 0, epilogue_us = 0, gather_us = 0, d2h_us = 0;
 };
 
 struct LoadReport {
