@@ -22,7 +22,7 @@ namespace drafthead {
 
 struct BackendOptions {
   int threads = 0;       // CPU: worker threads (0: all hardware threads)
-  int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
+  int device = -1;       // CUDA: device ordinal, required (the server decides it once: ChooseDevice)
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
   cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
@@ -58,7 +58,10 @@ class ComputeBackend {
 };
 
 std::unique_ptr<ComputeBackend> MakeCpuBackend(const BackendOptions& options);
-// Returns an error in builds without CUDA.
+// The CUDA devices this process sees (cudaGetDeviceCount). UNIMPLEMENTED in builds without CUDA.
+absl::StatusOr<int> CudaDeviceCount();
+
+// Returns an error in builds without CUDA, and INVALID_ARGUMENT without options.device.
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const BackendOptions& options,
                                                                 int local_rank);
 
