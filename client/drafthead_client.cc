@@ -87,7 +87,7 @@ constexpr char kBalancedServiceConfig[] =
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target, const ClientOptions& options,
                                                            int channel_index) {
-  if (target.empty()) return absl::InvalidArgumentError("empty target (want HOST:PORT)");
+  if (target.empty()) return absl::InvalidArgumentError("empty target (want HOST:PORT or unix:PATH)");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);

@@ -1,7 +1,7 @@
 // drafthead-fake-server: a stand-in for drafthead-server that answers at once, for the client's
 // own tests and for measuring how many requests/s the load tester can drive.
 //
-// It validates requests with the real server's code (server/api/request.h: INVALID_ARGUMENT naming
+// It validates requests with the real server's code (server/request/request.h: INVALID_ARGUMENT naming
 // the field) and computes a toy head that is cheap and easy to check from a test:
 //   y[m, n] = x[m, n mod K] * (1 + (n div K) / 4)        (x the bf16 hidden value, in fp32)
 // with the real server's reductions (ties to the smaller id; exact softmax over the vocabulary;
@@ -39,7 +39,7 @@
 #include "common/command_line.h"
 #include "common/exit_codes.h"
 #include "kernels/numeric.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT to listen on (port 0: pick a free one)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
@@ -71,7 +71,7 @@ uint32_t NowUsSince(std::chrono::steady_clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
-// Validates `req` with the server's own PrepareRequest (server/api/request.h) and fills `resp`;
+// Validates `req` with the server's own PrepareRequest (server/request/request.h) and fills `resp`;
 // a non-OK status names the offending field.
 grpc::Status Compute(const Config& c, const LogitsRequest& req, LogitsResponse* resp) {
   ServingLimits limits;

@@ -36,7 +36,7 @@
 #include "nlohmann/json.hpp"
 
 // ---- every subcommand ----
-ABSL_FLAG(std::string, target, "", "server HOST:PORT");
+ABSL_FLAG(std::string, target, "", "server HOST:PORT, unix:PATH (a Unix socket), or any gRPC target (dns:///NAME)");
 ABSL_FLAG(std::string, tls_ca, "", "PEM root CA: use TLS and verify the server with it");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mTLS; with --tls-key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM client private key (mTLS)");
@@ -124,7 +124,7 @@ absl::StatusOr<ClientOptions> CommonOptions(absl::Duration default_timeout) {
   o.default_deadline = default_timeout;
   o.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_attempts));
   o.balance_replicas = absl::GetFlag(FLAGS_balance_replicas);
-  if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target=HOST:PORT is required");
+  if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target=HOST:PORT (or unix:PATH) is required");
   return o;
 }
 
@@ -596,7 +596,7 @@ int main(int argc, char** argv) {
   using namespace drafthead::client;
   drafthead::SetProgramInfo(
       "drafthead-client",
-      "drafthead-client info|logits|load --target=HOST:PORT [flags]\n"
+      "drafthead-client info|logits|load --target=HOST:PORT|unix:PATH [flags]\n"
       "  info    --target [--json] [--wait=SECONDS]\n"
       "  logits  --target --hidden=F.safetensors --tensor=NAME [--rows=A:B] --mode=full|topk|argmax|sample\n"
       "          [--dtype=bf16|fp32] [--k=K] [--probs] [--temperature=T] [--seed=S] [--head=fp8|bf16] --out=F.safetensors\n"

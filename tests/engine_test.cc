@@ -12,7 +12,7 @@
 #include "server/sched/batcher.h"
 #include "server/engine/rank_engine.h"
 #include "server/sched/batch_loop.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 #include "server/api/response.h"
 #include "reference.h"
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/host_port.h"
 #include "server/comm/rendezvous.h"
 
 namespace drafthead {

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "kernels/numeric.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 
 namespace drafthead {
 namespace {

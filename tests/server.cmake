@@ -1,5 +1,10 @@
 # Server-side tests: the request edge, batching, the in-process engine, and end to end.
+# The layer rule (server/layers.txt) against every #include "server/..." line; no build needed.
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+add_test(NAME layers_test COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/layers_test.py ${CMAKE_SOURCE_DIR})
+set_tests_properties(layers_test PROPERTIES TIMEOUT 60 LABELS server)
 drafthead_add_test(request_test SOURCES request_test.cc LIBS drafthead_api)
+drafthead_add_test(config_test SOURCES config_test.cc LIBS drafthead_app)
 drafthead_add_test(batcher_test SOURCES batcher_test.cc LIBS drafthead_api)
 drafthead_add_test(engine_test SOURCES engine_test.cc LIBS drafthead_api drafthead_test_reference)
 drafthead_add_test(rendezvous_test SOURCES rendezvous_test.cc LIBS drafthead_api)

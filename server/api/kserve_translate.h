@@ -1,6 +1,6 @@
 // KServe v2 / Triton (inference.GRPCInferenceService) <-> the native API: a ModelInferRequest
 // becomes the very LogitsRequest a native caller would send (so it is validated by
-// server/api/request.cc and batched like any other), and the native answer becomes a
+// server/request/request.cc and batched like any other), and the native answer becomes a
 // ModelInferResponse. Also the model's description in the protocol's terms (metadata, config).
 // Pure functions, no threads.
 //

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "drafthead/v1/drafthead.pb.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 #include "server/group/shard_geometry.h"
 #include "server/group/wire_format.h"
 #include "server/sched/prepared_request.h"

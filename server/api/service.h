@@ -1,5 +1,5 @@
 // The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API. Every RPC validates its
-// request (server/api/request.h), hands it to the Batcher and completes from the engine thread; no
+// request (server/request/request.h), hands it to the Batcher and completes from the engine thread; no
 // handler blocks. absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
@@ -21,7 +21,7 @@
 #include "drafthead/v1/drafthead.grpc.pb.h"
 #include "server/sched/batcher.h"
 #include "server/sched/metrics.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 #include "server/regions/region_registry.h"
 #include "server/api/stream_budget.h"
 #include "server/lane/lane_manager.h"

@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/host_port.h"
 #include "kernels/cpu/head_gemv.h"
-#include "server/comm/rendezvous.h"
 #include "server/group/wire_format.h"
 
 ABSL_FLAG(std::string, weights, "", "Checkpoint: a .safetensors file or a directory (sharded: model.safetensors.index.json)");
@@ -25,17 +27,17 @@ ABSL_FLAG(int, tp, 0, "Tensor-parallel ranks; alone, starts the whole group on t
 ABSL_FLAG(int, rank, -1, "This process's rank (with --world and --leader: one rank per container or host)");
 ABSL_FLAG(int, world, 0, "Number of ranks in the group (with --rank)");
 ABSL_FLAG(std::string, leader, "", "HOST:PORT of rank 0's rendezvous (with --rank)");
-ABSL_FLAG(int, local_rank, -1, "This rank's index on its host (GPU choice); default: rank % GPUs");
+ABSL_FLAG(int, local_rank, -1, "This rank's index on its host (its GPU: local rank % visible GPUs unless --devices); default: the rank");
 ABSL_FLAG(std::string, bind_host, "", "Address this rank's collectives listen on (default: 127.0.0.1 when the leader is loopback, else this host's name)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(std::string, comm, "gloo", "Collectives: gloo or nccl");
 ABSL_FLAG(bool, same_host_links, true,
           "--comm=gloo: when every rank shares rank 0's host, move batches and payloads over Unix sockets "
           "(one thread wake-up a message) instead of Gloo's TCP pairs; false keeps TCP");
-ABSL_FLAG(std::string, devices, "", "CUDA device per local rank, comma-separated (default: the local rank)");
+ABSL_FLAG(std::string, devices, "", "CUDA device per local rank, comma-separated (default: local rank % visible GPUs)");
 ABSL_FLAG(int, threads, 0, "CPU backend threads per rank (0: hardware threads / ranks on this host)");
 ABSL_FLAG(std::string, isa, "auto", "CPU backend GEMV: auto (the widest this CPU has), avx512bf16, avx2 or scalar");
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address of rank 0");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address of rank 0: HOST:PORT, or unix:PATH (a Unix socket; callers on this host)");
 ABSL_FLAG(uint32_t, max_rows, 64, "Most rows in one request and one batch");
 ABSL_FLAG(uint32_t, max_top_k, 256, "Largest top_k");
 ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EXACT");
@@ -122,14 +124,15 @@ absl::Status ResolveCompute(ServerConfig& c) {
   if (c.comm == "nccl") return absl::UnimplementedError("--comm=nccl: this build has no CUDA/NCCL");
 #endif
 
-  // This rank's GPU: --devices[local_rank], or -1 (the backend then uses the local rank).
+  // This rank's requested GPU: --devices[local_rank], or -1. ChooseDevice decides at start-up,
+  // where the visible count is known.
   std::vector<int> devices;
   for (auto p : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
     int d;
     if (!absl::SimpleAtoi(p, &d) || d < 0) return Bad(absl::StrCat("--devices: '", p, "' is not a device index"));
     devices.push_back(d);
   }
-  c.backend_options.device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
+  c.requested_device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);
@@ -204,7 +207,7 @@ absl::Status ResolveLimits(ServerConfig& c) {
 
 absl::Status ResolveFront(ServerConfig& c) {
   c.listen = absl::GetFlag(FLAGS_listen);
-  if (c.listen.empty()) return Bad("--listen must be HOST:PORT");
+  if (absl::Status s = CheckListenAddress(c.listen); !s.ok()) return Bad(absl::StrCat("--listen: ", s.message()));
   c.model_name = absl::GetFlag(FLAGS_model_name);
   if (c.model_name.empty()) return Bad("--model-name must not be empty");
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -228,9 +231,6 @@ absl::Status ResolveFront(ServerConfig& c) {
   if (c.shared_memory.cuda)
     return absl::UnimplementedError("--shared-memory=cuda: this build has no CUDA");
 #endif
-  // CUDA regions are opened on rank 0's GPU (the backend's rule: --devices, else the local rank).
-  c.shared_memory.cuda_device =
-      c.backend_options.device >= 0 ? c.backend_options.device : c.local_rank;
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") c.log_level = LogLevel::kDebug;
   else if (level == "info") c.log_level = LogLevel::kInfo;
@@ -248,6 +248,36 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     if (absl::Status s = step(c); !s.ok()) return s;
   }
   return c;
+}
+
+absl::StatusOr<int> ChooseDevice(int requested, int local_rank, int visible) {
+  if (visible < 1) return absl::FailedPreconditionError("no CUDA device visible");
+  if (requested >= visible)
+    return absl::FailedPreconditionError(absl::StrCat("--devices names device ", requested, " for local rank ",
+                                                      local_rank, " but ", visible, " are visible"));
+  return requested >= 0 ? requested : local_rank % visible;
+}
+
+std::optional<std::string> UnixSocketPath(const std::string& address) {
+  absl::string_view path = address;
+  if (!absl::ConsumePrefix(&path, "unix:")) return std::nullopt;
+  // gRPC's unix:///abs/path spelling is the same socket as unix:/abs/path.
+  if (absl::StartsWith(path, "//")) path.remove_prefix(2);
+  return std::string(path);
+}
+
+absl::Status CheckListenAddress(const std::string& address) {
+  if (std::optional<std::string> path = UnixSocketPath(address)) {
+    if (path->empty()) return absl::InvalidArgumentError("unix: needs a socket path (unix:PATH)");
+    // sockaddr_un's sun_path holds 108 bytes with the terminating NUL; gRPC's own refusal of a
+    // longer path is only "cannot listen".
+    if (path->size() > 107)
+      return absl::InvalidArgumentError(absl::StrCat("the socket path is ", path->size(), " bytes; at most 107"));
+    return absl::OkStatus();
+  }
+  std::string host;
+  int port = 0;
+  return SplitHostPort(address, &host, &port);
 }
 
 }  // namespace drafthead

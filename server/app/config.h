@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -32,7 +33,7 @@ struct ServerConfig {
   // ---- The group and this process's place in it.
   int rank = 0;
   int world = 1;
-  int local_rank = 0;     // index among the ranks on this host (GPU choice)
+  int local_rank = 0;     // index among the ranks on this host (the GPU's default: ChooseDevice)
   int local_ranks = 1;    // ranks sharing this host's cores (the launcher's whole group, else 1)
   bool launcher = false;  // --tp alone: this process is rank 0 and starts ranks 1..N-1 itself
   // Rank 0's rendezvous HOST:PORT, as given; empty only in launcher mode (a free loopback port).
@@ -47,11 +48,14 @@ struct ServerConfig {
   std::string backend;    // "cpu" or "cuda"
   std::string comm;       // "gloo" or "nccl"
   bool same_host_links = true;  // --comm=gloo: Unix-socket links when every rank shares rank 0's host
-  BackendOptions backend_options;  // threads resolved (> 0); device from --devices, or -1
+  int requested_device = -1;       // --devices[local_rank]; -1: not given (ChooseDevice decides)
+  // threads resolved (> 0). .device stays -1 here: RunRank sets it (and shared_memory.cuda_device)
+  // to ChooseDevice's one answer before anything touches a GPU.
+  BackendOptions backend_options;
   EngineOptions engine;            // op/load timeouts, max_rows
 
   // ---- Rank 0's front.
-  std::string listen;          // gRPC HOST:PORT
+  std::string listen;          // gRPC HOST:PORT or unix:PATH (CheckListenAddress)
   std::string metrics_listen;  // Prometheus HOST:PORT; empty: off
   std::string model_name = "drafthead";  // the KServe v2 API's one model
   TlsFiles tls;
@@ -71,5 +75,19 @@ struct ServerConfig {
 // InvalidArgument (Unimplemented for what this build lacks) and names the flag, e.g.
 // "--max-rows must be in 1..256".
 absl::StatusOr<ServerConfig> ServerConfigFromFlags();
+
+// --listen's forms: HOST:PORT ([v6]:PORT; port 0 picks a free one) or unix:PATH (unix:///PATH too),
+// the path short enough for a Unix socket. INVALID_ARGUMENT saying what is wrong.
+absl::Status CheckListenAddress(const std::string& address);
+// The socket path of a unix:PATH (unix:///PATH) address; nullopt for any other form.
+std::optional<std::string> UnixSocketPath(const std::string& address);
+
+// This rank's one CUDA device: the backend, the NCCL communicator and CUDA shared-memory regions
+// all use this number (one rule, so NCCL never runs on another GPU than its data). `requested`
+// (--devices[local_rank], -1: not given) when given, else local_rank % visible: ranks share GPUs
+// round robin when a host has fewer GPUs than local ranks (e.g. --tp=4 on one GPU for testing).
+// `visible` is injected (cudaGetDeviceCount at start-up) so the rule is testable without a GPU.
+// FAILED_PRECONDITION when no device is visible or `requested` is not one of them.
+absl::StatusOr<int> ChooseDevice(int requested, int local_rank, int visible);
 
 }  // namespace drafthead

@@ -1,7 +1,13 @@
 #include "server/app/front.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -79,6 +85,28 @@ void Front::SetServing(bool serving) {
   metrics->SetServing(serving);
 }
 
+namespace {
+
+// gRPC replaces whatever file sits at a unix: listening path, a live server's socket included; so
+// a second server would silently take the path over, where on TCP it fails (no SO_REUSEPORT).
+// Refuse when something accepts there; a stale socket (connection refused) or no file is fine.
+// The probe and gRPC's bind are not atomic: two servers started at the same instant can still race.
+absl::Status CheckSocketPathFree(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return absl::OkStatus();  // CheckListenAddress refused it
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::OkStatus();  // cannot probe: gRPC's bind decides
+  const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const bool live = rc == 0 || errno == EAGAIN;  // EAGAIN: a listener whose backlog is full
+  close(fd);
+  if (live) return absl::FailedPreconditionError(absl::StrCat("a server already listens on unix:", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const ModelLayout& m) {
   auto f = std::make_unique<Front>();
   f->metrics = std::make_unique<Metrics>(c.world);
@@ -117,6 +145,9 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   f->kserve = std::make_unique<KServeService>(*f->service, f->health, kserve::DescribeModel(info, c.model_name),
                                               f->regions.get());
 
+  if (std::optional<std::string> path = UnixSocketPath(c.listen)) {
+    if (absl::Status s = CheckSocketPathFree(*path); !s.ok()) return StepFailed("listen_failed", s);
+  }
   auto creds = ServerCredentials(c.tls);
   if (!creds.ok()) return StepFailed("bad_flags", creds.status());
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/exit_codes.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "server/app/front.h"
 #include "server/app/launcher.h"
@@ -94,6 +95,22 @@ std::string BindHost(const ServerConfig& c, const std::string& leader_host) {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
   return name;
+}
+
+// This rank's one GPU, decided here once (ChooseDevice) and given to the backend, NCCL and the CUDA
+// region registry alike. Only when this rank uses CUDA: a CPU rank never initializes it. Runs in
+// the rank's own process (launcher children are exec'ed), before the front opens regions.
+absl::Status ResolveDevice(ServerConfig& c) {
+  if (c.backend != "cuda" && !c.shared_memory.cuda) return absl::OkStatus();
+  auto visible = CudaDeviceCount();
+  if (!visible.ok()) return StepFailed("backend_failed", visible.status());
+  auto device = ChooseDevice(c.requested_device, c.local_rank, *visible);
+  if (!device.ok()) return StepFailed("backend_failed", device.status());
+  c.backend_options.device = *device;
+  c.shared_memory.cuda_device = *device;
+  Log(LogLevel::kInfo, "device", "device", *device, "local_rank", c.local_rank, "visible", *visible, "from",
+      c.requested_device >= 0 ? "--devices" : "local_rank % visible");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Collective>> JoinGroup(const ServerConfig& c, const std::string& leader) {
@@ -246,7 +263,8 @@ int ServeAsRank0(const ServerConfig& c, const ModelLayout& m, RankEngine& engine
 
 }  // namespace
 
-int RunRank(const ServerConfig& c, const std::vector<std::string>& argv) {
+int RunRank(const ServerConfig& config, const std::vector<std::string>& argv) {
+  ServerConfig c = config;  // the device is filled in below, once
   SetLogRank(c.rank);
   ExitOnTerminate();
   ShutdownSignal shutdown(c.rank == 0 ? ShutdownSignal::Role::kRank0 : ShutdownSignal::Role::kWorker);
@@ -254,6 +272,7 @@ int RunRank(const ServerConfig& c, const std::vector<std::string>& argv) {
 
   auto model = ProbeModel(c);
   if (!model.ok()) return kExitFailed;
+  if (!ResolveDevice(c).ok()) return kExitFailed;
 
   // Rank 0's rendezvous and front come up first: the others join it, and clients get answers
   // (NOT_SERVING) while the group loads.

@@ -13,26 +13,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cpu/head_gemv.h"
-#include "server/group/wire_format.h"
-#include "server/comm/collective.h"
+#include "server/group/memory_space.h"
 #include "server/group/shard_geometry.h"
+#include "server/group/stage_times.h"
+#include "server/group/wire_format.h"
 
 namespace drafthead {
 
 struct BackendOptions {
   int threads = 0;       // CPU: worker threads (0: all hardware threads)
-  int device = -1;       // CUDA: device ordinal (-1: the rank's local index)
+  int device = -1;       // CUDA: device ordinal, required (the server decides it once: ChooseDevice)
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
   bool cuda_graphs = true;  // CUDA: replay one captured graph per step shape (--cuda-graphs)
   cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
-};
-
-// Where one batch's time went (microseconds of wall or device time). The backend fills its part
-// (h2d, gemv, epilogue, d2h) on each Run; the engine adds the collectives' and its own copy.
-struct StageTimes {
-  uint32_t broadcast_us = 0, h2d_us = 0, gemv_us = 0, epilogue_us = 0, gather_us = 0, d2h_us = 0;
-  bool graph = false;  // the backend's step replayed a captured CUDA graph
 };
 
 struct LoadReport {
@@ -72,7 +66,10 @@ class ComputeBackend {
 };
 
 std::unique_ptr<ComputeBackend> MakeCpuBackend(const BackendOptions& options);
-// Returns an error in builds without CUDA.
+// The CUDA devices this process sees (cudaGetDeviceCount). UNIMPLEMENTED in builds without CUDA.
+absl::StatusOr<int> CudaDeviceCount();
+
+// Returns an error in builds without CUDA, and INVALID_ARGUMENT without options.device.
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const BackendOptions& options,
                                                                 int local_rank);
 

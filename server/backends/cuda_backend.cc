@@ -85,13 +85,13 @@ class CudaBackend : public ComputeBackend {
     int count = 0;
     DH_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (count < 1) return absl::FailedPreconditionError("cuda backend: no CUDA device visible");
-    // -1: the rank's local index; ranks share GPUs round robin when a host has fewer GPUs than
-    // local ranks (e.g. --tp=4 on one GPU for testing).
-    const int dev = opts_.device >= 0 ? opts_.device : rank_ % count;
-    if (dev < 0 || dev >= count)
+    // The caller decides the device (the server: ChooseDevice, shared with NCCL and regions).
+    const int dev = opts_.device;
+    if (dev < 0) return absl::InvalidArgumentError("cuda backend: no device given (BackendOptions::device)");
+    if (dev >= count)
       return absl::FailedPreconditionError(absl::StrCat(
           "cuda backend (rank ", rank_, "): device ", dev, " requested but ", count,
-          " visible (--device or the rank's local index picks one GPU per rank)"));
+          " visible (the server picks one per rank: --devices, else local rank % visible)"));
     device_ = dev;
     DH_CUDA_CHECK(cudaSetDevice(device_));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

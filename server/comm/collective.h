@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/group/memory_space.h"
 
 namespace drafthead {
 
@@ -34,8 +35,6 @@ inline absl::Status GroupFailure(const absl::Status& s) {
   if (s.ok() || s.code() == absl::StatusCode::kUnavailable) return s;
   return absl::UnavailableError(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
 }
-
-enum class MemorySpace { kHost, kDevice };
 
 class Collective {
  public:

@@ -52,12 +52,8 @@ class NcclCollective : public Collective {
 
   absl::Status Init(KvClient& store, std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    if (device_ < 0) {  // not given: the rank's index round robin over this host's GPUs
-      int count = 0;
-      DH_CUDA_CHECK(cudaGetDeviceCount(&count));
-      if (count < 1) return Fail(absl::FailedPreconditionError("nccl: no CUDA device visible"));
-      device_ = rank_ % count;
-    }
+    // No fallback rule here: a second rule could put NCCL on another GPU than the backend's data.
+    if (device_ < 0) return absl::InvalidArgumentError("nccl: no device given");  // misuse, not a group failure
     DH_CUDA_CHECK(cudaSetDevice(device_));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ncclUniqueId id;

@@ -19,8 +19,8 @@
 
 namespace drafthead {
 
-// device: the CUDA device this rank uses (the same as its compute backend's); -1 picks
-// rank % (visible GPUs), which is the local index for a single-host group.
+// device: the CUDA device this rank uses, the very number its compute backend was given (the
+// server decides it once: server/app/config.h ChooseDevice); required (>= 0).
 absl::StatusOr<std::unique_ptr<Collective>> MakeNcclCollective(int rank, int world, int device,
                                                               KvClient& store,
                                                               std::chrono::milliseconds timeout);

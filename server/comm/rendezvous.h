@@ -28,9 +28,6 @@
 
 namespace drafthead {
 
-// "host:port" or "[v6]:port".
-absl::Status SplitHostPort(const std::string& hostport, std::string* host, int* port);
-
 class KvServer {
  public:
   // Binds host:port (port 0 picks a free one) and starts serving. A connection may idle between

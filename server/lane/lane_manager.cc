@@ -16,7 +16,7 @@
 #include "common/lane/lane_layout.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "server/api/request.h"
+#include "server/request/request.h"
 #include "server/lane/lane_descriptor.h"
 
 namespace drafthead {

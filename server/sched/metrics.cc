@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/comm/rendezvous.h"
+#include "common/host_port.h"
 
 namespace drafthead {
 namespace {

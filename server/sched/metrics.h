@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/backends/compute_backend.h"
+#include "server/group/stage_times.h"
 
 namespace drafthead {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "server/backends/compute_backend.h"
 #include "server/group/shard_geometry.h"
+#include "server/group/stage_times.h"
 #include "server/group/wire_format.h"
 
 namespace drafthead {

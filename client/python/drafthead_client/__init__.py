@@ -150,7 +150,9 @@ class _HeadBase:
                  timeout: float = 30.0, attempts: int = 3, initial_backoff: float = 0.05,
                  max_backoff: float = 1.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  balance_replicas: bool = False, lane: LaneMode = "auto", lane_depth: int = 8):
-        """root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS).
+        """target: ``HOST:PORT``, ``unix:PATH`` (a server started with --listen=unix:PATH; a
+        caller on the server's host, so lane="auto" takes a lane when the server offers one), or any
+        gRPC target. root_ca/cert/key are PEM file paths; any of them turns TLS on (cert+key: mTLS).
 
         balance_replicas: the target names several replicas (``dns:///drafthead-headless.NS.svc.
         cluster.local:50051``, ``ipv4:10.0.0.1:50051,10.0.0.2:50051``): calls go round robin over

@@ -1,4 +1,4 @@
-#include "server/api/request.h"
+#include "server/request/request.h"
 
 #include <algorithm>
 #include <cmath>

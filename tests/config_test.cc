@@ -1,0 +1,56 @@
+// server/app/config.h's rules: the one device rule (ChooseDevice) that the CUDA backend, NCCL and
+// CUDA regions all take their GPU from (the visible count injected, so no GPU is needed), and the
+// forms --listen accepts (CheckListenAddress).
+#include "gtest/gtest.h"
+#include "server/app/config.h"
+
+namespace drafthead {
+namespace {
+
+TEST(ChooseDeviceTest, LocalRankRoundRobinOverVisibleDevices) {
+  // --tp=4 on one host: one GPU each with 4 visible, shared round robin with fewer.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(*ChooseDevice(-1, r, 4), r);
+  EXPECT_EQ(*ChooseDevice(-1, 0, 1), 0);
+  EXPECT_EQ(*ChooseDevice(-1, 3, 1), 0);
+  EXPECT_EQ(*ChooseDevice(-1, 3, 2), 1);
+  // The local rank, not the global one: rank 5 on a second host is local rank 1 there.
+  EXPECT_EQ(*ChooseDevice(-1, 1, 8), 1);
+}
+
+TEST(ChooseDeviceTest, RequestedDeviceWinsWhenVisible) {
+  EXPECT_EQ(*ChooseDevice(2, 0, 4), 2);
+  EXPECT_EQ(*ChooseDevice(0, 3, 4), 0);
+}
+
+TEST(ChooseDeviceTest, RefusesWhatIsNotThere) {
+  auto none = ChooseDevice(-1, 0, 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto missing = ChooseDevice(4, 1, 4);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("device 4"), std::string::npos) << missing.status();
+}
+
+TEST(CheckListenAddressTest, HostPortAndUnixSockets) {
+  EXPECT_TRUE(CheckListenAddress("127.0.0.1:50051").ok());
+  EXPECT_TRUE(CheckListenAddress("0.0.0.0:0").ok());
+  EXPECT_TRUE(CheckListenAddress("[::1]:7").ok());
+  EXPECT_TRUE(CheckListenAddress("unix:/tmp/dh.sock").ok());
+  EXPECT_TRUE(CheckListenAddress("unix:///tmp/dh.sock").ok());
+  EXPECT_TRUE(CheckListenAddress("unix:relative.sock").ok());
+  EXPECT_TRUE(CheckListenAddress("unix:/" + std::string(106, 'a')).ok());  // 107 bytes: fits
+}
+
+TEST(CheckListenAddressTest, RefusesWhatCannotListen) {
+  EXPECT_FALSE(CheckListenAddress("").ok());
+  EXPECT_FALSE(CheckListenAddress("50051").ok());
+  EXPECT_FALSE(CheckListenAddress("host:99999").ok());
+  EXPECT_FALSE(CheckListenAddress("unix:").ok());
+  EXPECT_FALSE(CheckListenAddress("unix://").ok());
+  auto long_path = CheckListenAddress("unix:/" + std::string(107, 'a'));
+  ASSERT_FALSE(long_path.ok());
+  EXPECT_NE(long_path.message().find("at most 107"), std::string::npos) << long_path;
+}
+
+}  // namespace
+}  // namespace drafthead
