@@ -93,8 +93,7 @@ DH_EXPORT void dh_lane_release(dh_lane* l, uint64_t seq) { l->ring->Release(seq)
 
 DH_EXPORT int dh_lane_done(const dh_lane* l, uint64_t seq) { return l->ring->Done(seq) ? 1 : 0; }
 DH_EXPORT const void* dh_lane_completion(const dh_lane* l, uint64_t seq) {
-  return drafthead::lane::CompletionSlot(l->ring->base(), drafthead::lane::GeometryFor(l->ring->depth(), l->ring->inline_bytes()),
-                                         l->ring->depth(), seq);
+  return l->ring->completion(seq);
 }
 
 DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, char* msg, size_t msg_len) {

@@ -189,12 +189,11 @@ void LaneRing::Publish(uint64_t seq, const LaneRequest& d) {
 }
 
 bool LaneRing::Done(uint64_t seq) const {
-  const LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
-  return c->done_seq.load(std::memory_order_acquire) == seq + 1;
+  return completion(seq)->done_seq.load(std::memory_order_acquire) == seq + 1;
 }
 
 LaneError LaneRing::Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out) {
-  const LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
+  const LaneCompletion* c = completion(seq);
   auto done = [&] { return c->done_seq.load(std::memory_order_acquire) == seq + 1; };
   const int64_t spin_until = MonotonicNanos() + config_.spin_ns;
   uint32_t polls = 0;
@@ -242,7 +241,7 @@ void LaneRing::FailOutstanding(const LaneError& why) {
   for (uint32_t slot = 0; slot < depth_; ++slot) {
     if (state_[slot] == kFree) continue;
     const uint64_t seq = slot_seq_[slot];
-    LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
+    LaneCompletion* c = completion(seq);
     if (c->done_seq.load(std::memory_order_acquire) == seq + 1) continue;
     c->code = why.code;
     const size_t n = std::min<size_t>(why.message.size(), kMessageBytes);

@@ -85,6 +85,8 @@ class LaneRing {
   void Release(uint64_t seq);
   // Wait without blocking: true once seq's answer is there.
   bool Done(uint64_t seq) const;
+  // Submission seq's completion slot (slot seq % depth), answered or not: what Wait hands out.
+  LaneCompletion* completion(uint64_t seq) const { return CompletionSlot(base_, geo_, depth_, seq); }
   // The lane's header and a slot's words, for a caller whose GPU stream writes the fence and waits
   // on done_seq itself (stream-ordered calls, lane_c_api.h).
   uint8_t* base() const { return base_; }

@@ -118,6 +118,16 @@ def local_host_id() -> str:
         return ""
 
 
+def _pack(request_id: int, rows: int, hidden_dtype: int, mode: int, logits_dtype: int, head: int, top_k: int,
+          return_probs: bool, temperature: float, seed: int, hidden: "tuple[int, int, int]",
+          output: "tuple[int, int, int]", fence: bool = False) -> bytes:
+    """A LaneRequest (128 bytes; seq and the fence word are the library's to write). hidden / output:
+    slices (region index, offset, byte_size); region _NO_REGION: none."""
+    flags = (_FLAG_PROBS if return_probs else 0) | (_FLAG_FENCE if fence else 0)
+    return _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k, flags, temperature, 0,
+                         seed, hidden[0], 0, hidden[1], hidden[2], output[0], 0, output[1], output[2])
+
+
 def _round_up(v: int, to: int) -> int:
     return (v + to - 1) // to * to
 
@@ -312,9 +322,8 @@ class Lane:
             if rc != 0:
                 self._raise(rc, msg)
             hidden_dtype = pb.FP32 if x.dtype == torch.float32 else pb.BF16
-            d = _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k,
-                              (_FLAG_PROBS if return_probs else 0) | _FLAG_FENCE, temperature, 0, seed,
-                              1, 0, h0, nbytes, 2, 0, o0, out_bytes)
+            d = _pack(request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k, return_probs, temperature,
+                      seed, (1, h0, nbytes), (2, o0, out_bytes), fence=True)
             lib.dh_lane_publish(h, n, d)
             rc = lib.dh_lane_stream_wait(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
             if rc != 0:
@@ -352,13 +361,13 @@ class Lane:
         ctypes.memmove(lib.dh_lane_hidden_area(h, slot), hidden, len(hidden))
         full = req.mode == pb.FULL_LOGITS
         logits_bytes = 0
-        out = (_NO_REGION, 0, 0, 0)
+        out = (_NO_REGION, 0, 0)
         if full:
             logits_bytes = min(self._output_slot, req.rows * self._vocab * (4 if req.logits_dtype == pb.FP32 else 2))
-            out = (0, 0, lib.dh_lane_output_offset(h, slot), logits_bytes)
-        d = _REQUEST.pack(0, req.request_id, req.rows, req.hidden_dtype, req.mode, req.logits_dtype, req.head,
-                          req.top_k, _FLAG_PROBS if req.return_probs else 0, req.temperature, 0, req.seed,
-                          0, 0, lib.dh_lane_hidden_offset(h, slot), len(hidden), *out)
+            out = (0, lib.dh_lane_output_offset(h, slot), logits_bytes)
+        d = _pack(req.request_id, req.rows, req.hidden_dtype, req.mode, req.logits_dtype, req.head, req.top_k,
+                  req.return_probs, req.temperature, req.seed, (0, lib.dh_lane_hidden_offset(h, slot), len(hidden)),
+                  out)
         lib.dh_lane_publish(h, n, d)
         ptr = ctypes.c_void_p()
         rc = lib.dh_lane_wait(h, n, timeout_ns, ctypes.byref(ptr), msg, len(msg))
