@@ -224,8 +224,9 @@ class Lane:
             self._output_words.append(np.frombuffer(self._outputs[-1], dtype="<u4"))
         self._torch: Any = None
         self._cuda_device: Any = None
-        self._cuda_slots: List[Any] = []  # each slot's area of the CUDA output arena (uint8 views)
+        self._cuda_slots: List[Any] = []  # each slot's area of the CUDA output arena: dtype -> view
         self._stream: Any = None          # device index -> the current CUstream handle (an int)
+        self._cuda_lock = threading.Lock()
         if self._cuda_hidden is not None:
             rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), msg, len(msg))
             self.cuda_error = None if rc == 0 else msg.value.decode(errors="replace")
@@ -235,8 +236,9 @@ class Lane:
                 import torch
                 self._torch = torch
                 self._cuda_device = self._cuda_output.device
-                self._cuda_slots = [self._cuda_output[i * self._output_slot:(i + 1) * self._output_slot]
-                                    for i in range(self._depth)]
+                # Each slot's output area as int32, float32 and bfloat16 (the answers' types).
+                areas = [self._cuda_output[i * self._output_slot:(i + 1) * self._output_slot] for i in range(self._depth)]
+                self._cuda_slots = [{t: a.view(t) for t in (torch.int32, torch.float32, torch.bfloat16)} for a in areas]
                 # The raw handle without a torch.cuda.Stream object per call (torch's own fast path;
                 # the public one where a torch lacks it).
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -313,18 +315,21 @@ class Lane:
         d = _pack(request_id, rows, pb.FP32 if x.dtype == torch.float32 else pb.BF16, mode, logits_dtype, head, top_k,
                   return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True)
         msg = self._msg()
-        n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                          self._stream(self._cuda_device.index), 1 if wait else 0,
-                                          -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
-        if n < 0:
-            self._raise(-n, msg)
-        out = self._cuda_slots[n % self._depth]
-        if mode == pb.FULL_LOGITS:
-            return out[:out_bytes].view(torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16).view(
-                rows, self._vocab).clone()
-        m = rows * k
-        ids = out[:4 * m].view(torch.int32).view(rows, k).to(torch.int64)
-        floats = out[4 * m:out_bytes].clone().view(torch.float32)  # values, then probs: one copy
+        # The copy out of the slot is enqueued before another thread's call can enqueue the rows
+        # (and so the server's answer) of the slot's next use on the stream.
+        with self._cuda_lock:
+            n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
+                                              self._stream(self._cuda_device.index), 1 if wait else 0,
+                                              -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+            if n < 0:
+                self._raise(-n, msg)
+            out = self._cuda_slots[n % self._depth]
+            if mode == pb.FULL_LOGITS:
+                return out[torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16][:rows * self._vocab].view(
+                    rows, self._vocab).clone()
+            m = rows * k
+            ids = out[torch.int32][:m].view(rows, k).to(torch.int64)
+            floats = out[torch.float32][m:(3 if return_probs else 2) * m].clone()  # values, then probs: one copy
         return ids, floats[:m].view(rows, k), floats[m:].view(rows, k) if return_probs else None
 
     def compute(self, req: Any, timeout: Optional[float]) -> Any:
