@@ -18,6 +18,7 @@ if [ "${1:-}" = lane ]; then
   # Issue 21's CPU target: the same trivial head at c=1, gRPC unary vs the same-host lane, C++
   # (drafthead-client load --lane=off|shm) and Python (bench/python_client_bench.py --lane),
   # alternating PAIRS times; median p50s and their ratio (target: lane <= 1/5 of gRPC).
+  # PY_BEFORE=<dir of a staged drafthead_client package> adds its Python rows (see below).
   build=${2:-build}; secs=${3:-3}; pairs=${4:-3}
   srv=$build/server/drafthead-server; cli=$build/client/drafthead-client
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -40,26 +41,35 @@ import statistics as st
 g = [float(v) for v in '${grpc[*]}'.split()]; l = [float(v) for v in '${lane[*]}'.split()]
 print(f'| C++ | ${m%%|*} | {st.median(g):.1f} | {st.median(l):.1f} | {st.median(l) / st.median(g):.3f} |')")")
   done
-  # The build's staged package (drafthead_client with its stubs and its own libdrafthead_lane.so).
-  py=$(PYTHONPATH=$build/client/python/pkg \
-       /usr/bin/python3 bench/python_client_bench.py --target=127.0.0.1:$port --device=numpy --seconds=$secs \
-       --cases=argmax1,topk5 --lane=off,required --rounds=$pairs)
-  echo
-  echo "$py"
+  # The build's staged package (drafthead_client with its stubs and its own libdrafthead_lane.so);
+  # with PY_BEFORE=<another staged package>, that one too against the same server, alternating
+  # round by round (a change to the Python client, before vs after, in one run).
+  pkgs=("Python (numpy)=$build/client/python/pkg")
+  [ -n "${PY_BEFORE:-}" ] && pkgs+=("Python (numpy), PY_BEFORE=$PY_BEFORE")
+  py=
+  for ((i = 0; i < pairs; i++)); do
+    for pkg in "${pkgs[@]}"; do
+      out=$(PYTHONPATH=${pkg#*=} /usr/bin/python3 bench/python_client_bench.py --target=127.0.0.1:$port --device=numpy \
+            --seconds=$secs --cases=argmax1,topk5 --lane=off,required --rounds=1)
+      echo "${pkg%%=*}:"; echo "$out"
+      py+=$(echo "$out" | grep '^| M=' | sed "s/^/${pkg%%=*}/")$'\n'
+    done
+  done
   unserve
   echo
   echo "| client | request | gRPC unary p50 us (median of $pairs) | lane p50 us (median of $pairs) | lane / gRPC |"
   echo "| --- | --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
-  echo "$py" | python3 -c "
+  echo -n "$py" | python3 -c "
 import sys, statistics as st
-rows = [l.split('|') for l in sys.stdin if l.startswith('| M=')]
 by = {}
-for r in rows:
-    by.setdefault((r[1].strip(), r[2].strip()), []).append(float(r[4]))
-for case in dict.fromkeys(k[0] for k in by):
-    g, l = st.median(by[(case, 'off')]), st.median(by[(case, 'required')])
-    print(f'| Python (numpy) | {case} | {g:.1f} | {l:.1f} | {l / g:.3f} |')"
+for line in sys.stdin:
+    who, _, rest = line.partition('| M=')
+    r = ('| M=' + rest).split('|')
+    by.setdefault((who, r[1].strip(), r[2].strip()), []).append(float(r[4]))
+for who, case in dict.fromkeys(k[:2] for k in by):
+    g, l = st.median(by[(who, case, 'off')]), st.median(by[(who, case, 'required')])
+    print(f'| {who} | {case} | {g:.1f} | {l:.1f} | {l / g:.3f} |')"
   exit 0
 fi
 if [ "${1:-}" = overhead ]; then

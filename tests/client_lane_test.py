@@ -169,6 +169,67 @@ class ClientLaneTest(RealServerTestCase):
         self.assertIn("hidden_region", str(c.exception))  # the lane's rows arrive through its region
         self.assertEqual(self.lane.argmax(x).ids.shape, (2,))  # and the lane goes on
 
+    def test_c_abi_entries(self):
+        """The library's C ABI driven directly (what lane.py builds on): dh_lane_call, one C call a
+        request, around the ring; its refusal before reserving and an in-band refusal; the
+        step-wise entries with two calls in flight; the stream-ordered entries without CUDA."""
+        import ctypes
+        from drafthead_client import lane as lanemod
+        pb, eq = dc.pb, np.testing.assert_array_equal
+        x = bf16_bits(np.random.default_rng(3).standard_normal((3, K)).astype(np.float32))
+        want = self.grpc.topk(x, 5)
+
+        def desc(rows=3, hidden=lanemod._NO_SLICE):
+            return lanemod._pack(9, rows, pb.BF16, pb.TOP_K, 0, 0, 5, False, 0.0, 0, hidden, lanemod._NO_SLICE)
+
+        def check_answer(n):
+            done = lib.dh_lane_completion(h, n)
+            fields = lanemod._COMPLETION.unpack(ctypes.string_at(done, lanemod._COMPLETION.size))
+            self.assertEqual((fields[2], fields[1], fields[3], fields[5]), (0, 9, 3, 5))  # code, id, rows, k
+            words = np.frombuffer(ctypes.string_at(done + 512, 3 * 5 * 8), "<u4")
+            eq(words[:15].view("<i4").reshape(3, 5), want.ids)
+            eq(words[15:].view("<f4").reshape(3, 5), want.values)
+
+        with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
+            ln = head.lane()
+            lib, h = ln._lib, ln._h
+            self.assertEqual(lib.dh_lane_abi_version(), 2)
+            msg = ctypes.create_string_buffer(512)
+            depth = lib.dh_lane_depth(h)
+            seqs = []
+            for _ in range(depth + 2):
+                n = lib.dh_lane_call(h, desc(), x.tobytes(), x.nbytes, 10**10, msg, len(msg))
+                self.assertGreaterEqual(n, 0, msg.value)
+                check_answer(n)
+                lib.dh_lane_release(h, n)
+                seqs.append(n)
+            self.assertEqual(seqs, list(range(seqs[0], seqs[0] + depth + 2)))
+            big = bytes(ln._hidden_slot + 1)
+            self.assertEqual(lib.dh_lane_call(h, desc(), big, len(big), 10**9, msg, len(msg)), -3)  # INVALID_ARGUMENT
+            self.assertIn(b"hidden", msg.value)
+            n = lib.dh_lane_call(h, desc(rows=0), b"", 0, 10**10, msg, len(msg))
+            self.assertEqual(n, seqs[-1] + 1)  # the refusal above reserved nothing
+            self.assertEqual(lanemod._COMPLETION.unpack(ctypes.string_at(lib.dh_lane_completion(h, n), 92))[2], 3)
+            lib.dh_lane_release(h, n)
+            seq, pending = ctypes.c_uint64(), []
+            for _ in range(2):
+                self.assertEqual(lib.dh_lane_reserve(h, 10**10, ctypes.byref(seq), msg, len(msg)), 0, msg.value)
+                slot = seq.value % depth
+                ctypes.memmove(lib.dh_lane_hidden_area(h, slot), x.tobytes(), x.nbytes)
+                lib.dh_lane_publish(h, seq.value, desc(hidden=(0, lib.dh_lane_hidden_offset(h, slot), x.nbytes)))
+                pending.append(seq.value)
+            for n in pending:
+                ptr = ctypes.c_void_p()
+                self.assertEqual(lib.dh_lane_wait(h, n, 10**10, ctypes.byref(ptr), msg, len(msg)), 0, msg.value)
+                self.assertEqual(ptr.value, lib.dh_lane_completion(h, n))
+                self.assertEqual(lib.dh_lane_done(h, n), 1)
+                check_answer(n)
+                lib.dh_lane_release(h, n)
+            self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, msg, len(msg)), -9)
+            self.assertIn(b"dh_lane_cuda_attach", msg.value)
+            self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
+            self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on
+
     def test_load_tester_over_the_lane(self):
         out = os.path.join(self.dir, "lane.json")
         p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--lane=shm", "--rows=3", "--mode=topk", "--k=4",

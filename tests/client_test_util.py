@@ -120,6 +120,41 @@ def toy_logits(hidden_bits, vocab):
     return (x[:, n % K] * (np.float32(1) + (n // K).astype(np.float32) * np.float32(0.25))).astype(np.float32)
 
 
+def set_param(params, name, value):
+    """One KServe InferParameter, as the clients map Python / C++ values: bool, int64, double, string."""
+    p = params[name]
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = value
+
+
+def infer_request(model, array, params=None, outputs=(), request_id="", datatype="BF16", raw=None):
+    """A ModelInferRequest as the KServe clients build one: `array` the one input "hidden" (its raw
+    bytes, or `raw` in their place), request parameters, the outputs asked for by name."""
+    from drafthead_client._gen.inference import grpc_service_pb2 as kpb
+    req = kpb.ModelInferRequest(model_name=model, id=request_id)
+    req.inputs.add(name="hidden", datatype=datatype, shape=list(array.shape))
+    req.raw_input_contents.append(raw if raw is not None else array.tobytes())
+    for name, value in (params or {}).items():
+        set_param(req.parameters, name, value)
+    for name in outputs:
+        req.outputs.add(name=name)
+    return req
+
+
+def kserve_tensors(resp):
+    """A ModelInferResponse's outputs, name -> numpy array, as tritonclient's as_numpy reads
+    raw_output_contents."""
+    dtypes = {"INT32": np.int32, "FP32": np.float32, "BF16": np.uint16}
+    return {o.name: np.frombuffer(resp.raw_output_contents[i], dtype=dtypes[o.datatype]).reshape(o.shape)
+            for i, o in enumerate(resp.outputs)}
+
+
 class RealServer:
     """drafthead-server (CPU, synthetic weights) as a child on a free loopback port, serving once
     `drafthead-client info --wait` says so; `args` are its flags beyond --listen."""

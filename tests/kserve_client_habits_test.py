@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import RealServer, bf16_bits  # noqa: E402
+from client_test_util import RealServer, bf16_bits, infer_request, kserve_tensors, set_param  # noqa: E402
 
 from drafthead_client import pb, pb_grpc  # noqa: E402
 from drafthead_client._gen.inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
@@ -32,25 +32,6 @@ from drafthead_client._gen.inference import grpc_service_pb2 as kpb, grpc_servic
 K, PADDED, MAX_ROWS, MODEL = 128, 16384, 64, "drafthead"
 TIMEOUT = 60
 ALL_OUTPUTS = ("logits", "token_ids", "values", "probs")  # what perf_analyzer asks for
-
-
-def set_param(params, name, value):
-    """As the clients map Python / C++ values: bool, int64, double, string."""
-    p = params[name]
-    if isinstance(value, bool):
-        p.bool_param = value
-    elif isinstance(value, int):
-        p.int64_param = value
-    elif isinstance(value, float):
-        p.double_param = value
-    else:
-        p.string_param = value
-
-
-def tensors(resp):
-    dtypes = {"INT32": np.int32, "FP32": np.float32, "BF16": np.uint16}
-    return {o.name: np.frombuffer(resp.raw_output_contents[i], dtype=dtypes[o.datatype]).reshape(o.shape)
-            for i, o in enumerate(resp.outputs)}
 
 
 class ClientHabitsTest(unittest.TestCase):
@@ -88,15 +69,8 @@ class ClientHabitsTest(unittest.TestCase):
     def perf_analyzer_request(self, x32, params, enable_final, request_id=""):
         """As triton::client::InferenceServerGrpcClient::PreRunProcessing builds it: the flag always
         set (true on perf_analyzer's streams), FP32 input as raw bytes, every output requested."""
-        req = kpb.ModelInferRequest(model_name=MODEL, model_version="", id=request_id)
-        set_param(req.parameters, "triton_enable_empty_final_response", enable_final)
-        for name, value in params.items():
-            set_param(req.parameters, name, value)
-        req.inputs.add(name="hidden", datatype="FP32", shape=list(x32.shape))
-        req.raw_input_contents.append(x32.tobytes())
-        for name in ALL_OUTPUTS:
-            req.outputs.add(name=name)
-        return req
+        return infer_request(MODEL, x32, {"triton_enable_empty_final_response": enable_final, **params}, ALL_OUTPUTS,
+                             request_id, datatype="FP32")
 
     def statistics(self):
         r = self.kserve.ModelStatistics(kpb.ModelStatisticsRequest(name=MODEL, version=""), timeout=TIMEOUT)
@@ -114,12 +88,12 @@ class ClientHabitsTest(unittest.TestCase):
             resp = self.kserve.ModelInfer(self.perf_analyzer_request(self.x32, {"mode": "top_k", "top_k": 8}, enable),
                                           timeout=TIMEOUT)
             self.assertNotIn("triton_final_response", resp.parameters)  # unary: Triton sets it on streams only
-            got = tensors(resp)
+            got = kserve_tensors(resp)
             self.assertEqual(sorted(got), ["token_ids", "values"])
             self.assert_topk_equal(got, self.native_answer(mode=pb.TOP_K, top_k=8), 8)
-            got = tensors(self.kserve.ModelInfer(self.perf_analyzer_request(self.x32, {}, enable), timeout=TIMEOUT))
+            got = kserve_tensors(self.kserve.ModelInfer(self.perf_analyzer_request(self.x32, {}, enable), timeout=TIMEOUT))
             self.assertEqual(got["logits"].tobytes(), self.native_answer().logits)
-            got = tensors(self.kserve.ModelInfer(
+            got = kserve_tensors(self.kserve.ModelInfer(
                 self.perf_analyzer_request(self.x32, {"mode": "sample", "temperature": 0.7, "seed": 11}, enable),
                 timeout=TIMEOUT))
             self.assert_topk_equal(got, self.native_answer(mode=pb.SAMPLE, temperature=0.7, seed=11), 1)
@@ -127,7 +101,7 @@ class ClientHabitsTest(unittest.TestCase):
         # model without a sequence batcher).
         req = self.perf_analyzer_request(self.x32, {"mode": "argmax", "sequence_id": 5, "sequence_start": True,
                                                     "sequence_end": False, "priority": 1, "timeout": 0}, True)
-        self.assert_topk_equal(tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT)),
+        self.assert_topk_equal(kserve_tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT)),
                                self.native_answer(mode=pb.ARGMAX), 1)
 
     def test_perf_analyzer_streaming(self):
@@ -145,7 +119,7 @@ class ClientHabitsTest(unittest.TestCase):
                     self.assertTrue(a.infer_response.parameters["triton_final_response"].bool_param)
                 else:
                     self.assertNotIn("triton_final_response", a.infer_response.parameters)
-                self.assert_topk_equal(tensors(a.infer_response), want, 8)
+                self.assert_topk_equal(kserve_tensors(a.infer_response), want, 8)
 
     def test_statistics_count_for_real(self):
         """perf_analyzer's server-side breakdown: ModelStatistics before and after a measurement."""
@@ -196,7 +170,7 @@ class ClientHabitsTest(unittest.TestCase):
             set_param(req.outputs.add(name=name).parameters, "binary_data", True)
         resp = self.kserve.ModelInfer(req, timeout=TIMEOUT)
         self.assertEqual(resp.id, "5f0c6f2e-sdk")
-        got = tensors(resp)
+        got = kserve_tensors(resp)
         n = self.native_answer(mode=pb.TOP_K, top_k=4, return_probs=True)
         self.assert_topk_equal(got, n, 4)
         self.assertEqual(got["probs"].tobytes(), np.array(n.probs, np.float32).tobytes())
@@ -207,10 +181,10 @@ class ClientHabitsTest(unittest.TestCase):
         req = kpb.ModelInferRequest(model_name=MODEL)
         inp = req.inputs.add(name="hidden", datatype="FP32", shape=[5, K])
         inp.contents.fp32_contents.extend(self.x32.ravel().tolist())
-        got = tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT))
+        got = kserve_tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT))
         self.assertEqual(got["logits"].tobytes(), self.native_answer().logits)
         set_param(req.parameters, "mode", "argmax")
-        self.assert_topk_equal(tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT)),
+        self.assert_topk_equal(kserve_tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT)),
                                self.native_answer(mode=pb.ARGMAX), 1)
         req.raw_input_contents.append(self.x32.tobytes())
         with self.assertRaises(grpc.RpcError) as e:
@@ -271,9 +245,9 @@ class ClientHabitsTest(unittest.TestCase):
                 self.assertTrue(a.error_message.startswith("INVALID_ARGUMENT: temperature:"), a.error_message)
             else:
                 self.assertEqual(a.error_message, "", i)
-                self.assert_topk_equal(tensors(a.infer_response), want, 8)
+                self.assert_topk_equal(kserve_tensors(a.infer_response), want, 8)
         # The server goes on serving.
-        self.assert_topk_equal(tensors(self.kserve.ModelInfer(self.perf_analyzer_request(
+        self.assert_topk_equal(kserve_tensors(self.kserve.ModelInfer(self.perf_analyzer_request(
             self.x32, {"mode": "argmax"}, False), timeout=TIMEOUT)), self.native_answer(mode=pb.ARGMAX), 1)
 
 

@@ -5,6 +5,7 @@ API's answer bit for bit, KServe and native requests in flight together, a strea
 the middle, bad input refused by name, the system shared-memory extension (a POSIX region for the
 input and every output); the load tester's --protocol=kserve. Loopback only; the server is stopped at the end."""
 
+import functools
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_test_util import BIN, CLIENT, RealServer, bf16_bits, free_port, stop  # noqa: E402
+import client_test_util  # noqa: E402
+from client_test_util import BIN, CLIENT, RealServer, bf16_bits, free_port, kserve_tensors, stop  # noqa: E402
 
 from drafthead_client import pb, pb_grpc  # noqa: E402
 from drafthead_client._gen.inference import grpc_service_pb2 as kpb, grpc_service_pb2_grpc as kpb_grpc  # noqa: E402
@@ -29,32 +31,7 @@ K, PADDED, MODEL = 128, 2048, "lmhead"
 TIMEOUT = 60
 
 
-def infer_request(bits, params=None, outputs=(), request_id="", datatype="BF16", raw=None):
-    req = kpb.ModelInferRequest(model_name=MODEL, id=request_id)
-    req.inputs.add(name="hidden", datatype=datatype, shape=list(bits.shape))
-    req.raw_input_contents.append(raw if raw is not None else bits.tobytes())
-    for name, value in (params or {}).items():
-        p = req.parameters[name]
-        if isinstance(value, bool):
-            p.bool_param = value
-        elif isinstance(value, int):
-            p.int64_param = value
-        elif isinstance(value, float):
-            p.double_param = value
-        else:
-            p.string_param = value
-    for name in outputs:
-        req.outputs.add(name=name)
-    return req
-
-
-def tensors(resp):
-    """name -> numpy array, as tritonclient's as_numpy reads raw_output_contents."""
-    dtypes = {"INT32": np.int32, "FP32": np.float32, "BF16": np.uint16}
-    return {o.name: np.frombuffer(resp.raw_output_contents[i], dtype=dtypes[o.datatype]).reshape(o.shape)
-            for i, o in enumerate(resp.outputs)}
-
-
+infer_request = functools.partial(client_test_util.infer_request, MODEL)
 class KServePythonTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -90,7 +67,7 @@ class KServePythonTest(unittest.TestCase):
         cls.log.close()
 
     def infer(self, req):
-        return tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT))
+        return kserve_tensors(self.kserve.ModelInfer(req, timeout=TIMEOUT))
 
     def native_answer(self, **fields):
         return self.native.ComputeLogits(pb.LogitsRequest(rows=self.bits.shape[0], hidden=self.bits.tobytes(), **fields),
@@ -154,7 +131,7 @@ class KServePythonTest(unittest.TestCase):
         self.assertEqual(sorted(answers), ["1", "2", "3"])
         self.assertEqual(answers["1"].error_message, "")
         self.assertTrue(answers["2"].error_message.startswith("INVALID_ARGUMENT: temperature:"), answers["2"].error_message)
-        np.testing.assert_array_equal(tensors(answers["3"].infer_response)["token_ids"].ravel(),
+        np.testing.assert_array_equal(kserve_tensors(answers["3"].infer_response)["token_ids"].ravel(),
                                       self.native_answer(mode=pb.TOP_K, top_k=2).token_ids)
 
     def load(self, *args, exit_code=0):

@@ -300,6 +300,81 @@ TEST(LaneE2E, BadDescriptorsAreAnsweredInTheirSlot) {
   raw.ring->Release(seq);
 }
 
+// LaneRing::Submit (what dh_lane_call and LaneClient use): slot-relative slices land in the same
+// places as absolute ones, around the ring more than once; a slice larger than a slot is refused
+// before anything is reserved; a reserved seq that is Cancel()ed is refused by the server in its
+// slot and the ring goes on.
+TEST(LaneE2E, SlotRelativeSubmitAndCancel) {
+  Server s;
+  ASSERT_TRUE(s.ok) << s.proc.Log();
+  RawLane raw(s.target);
+  ASSERT_TRUE(raw.status.ok()) << raw.status.error_message();
+  lane::LaneRing& ring = *raw.ring;
+  const uint64_t logits_bytes = 2 * kVocab * 2;
+  auto full = [&](lane::LaneSlice output) {
+    lane::LaneRequest d{};
+    d.rows = 2;
+    d.mode = v1::FULL_LOGITS;
+    d.output = output;
+    return d;
+  };
+  for (uint32_t i = 0; i < ring.depth() + 2; ++i) {
+    const std::string x = RandomRows(2, 40 + i, false);
+    // Absolute: the caller places the rows and names the slot's areas itself.
+    uint64_t seq;
+    ASSERT_TRUE(ring.Reserve(lane::MonotonicNanos() + 10'000'000'000, &seq).ok());
+    const uint32_t slot = static_cast<uint32_t>(seq % ring.depth());
+    std::memcpy(ring.hidden_area(slot), x.data(), x.size());
+    lane::LaneRequest d = full({0, 0, ring.output_area_offset(slot), logits_bytes});
+    d.hidden = {0, 0, ring.hidden_area_offset(slot), x.size()};
+    ring.Publish(seq, d);
+    const lane::LaneCompletion* c = nullptr;
+    ASSERT_TRUE(ring.Wait(seq, lane::MonotonicNanos() + 10'000'000'000, &c).ok());
+    ASSERT_EQ(c->code, 0) << Message(c);
+    const std::string want(reinterpret_cast<const char*>(ring.output_area(slot)), logits_bytes);
+    ring.Release(seq);
+    // Slot-relative, through Submit: the next slot, the same answer.
+    ASSERT_TRUE(ring.Submit(full({0, 0, 0, logits_bytes}), x.data(), x.size(), lane::MonotonicNanos() + 10'000'000'000,
+                            &seq).ok());
+    ASSERT_TRUE(ring.Wait(seq, lane::MonotonicNanos() + 10'000'000'000, &c).ok());
+    ASSERT_EQ(c->code, 0) << Message(c);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(ring.output_area(seq % ring.depth())), logits_bytes), want)
+        << "seq " << seq;
+    ring.Release(seq);
+  }
+  const std::string x = RandomRows(2, 1, false);
+  uint64_t seq = 0;
+  const std::string big(ring.config().hidden_slot_bytes + 1, '\0');
+  lane::LaneError e = ring.Submit(full({0, 0, 0, logits_bytes}), big.data(), big.size(), lane::MonotonicNanos(), &seq);
+  EXPECT_EQ(e.code, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(e.message.find("hidden"), std::string::npos) << e.message;
+  e = ring.Submit(full({0, 0, 8, ring.config().output_slot_bytes}), x.data(), x.size(), lane::MonotonicNanos(),
+                  &seq);
+  EXPECT_EQ(e.code, static_cast<int>(absl::StatusCode::kInvalidArgument));  // 8 + a slot's worth
+  EXPECT_NE(e.message.find("output"), std::string::npos) << e.message;
+  // Nothing was reserved by the refusals; a cancelled seq is answered (refused) in its slot.
+  uint64_t cancelled = 0;
+  ASSERT_TRUE(ring.Reserve(lane::MonotonicNanos() + 10'000'000'000, &cancelled).ok());
+  ring.Cancel(cancelled);
+  ASSERT_TRUE(ring.Submit(full({0, 0, 0, logits_bytes}), x.data(), x.size(), lane::MonotonicNanos() + 10'000'000'000,
+                          &seq).ok());
+  EXPECT_EQ(seq, cancelled + 1);
+  const lane::LaneCompletion* c = nullptr;
+  ASSERT_TRUE(ring.Wait(seq, lane::MonotonicNanos() + 10'000'000'000, &c).ok());
+  EXPECT_EQ(c->code, 0) << Message(c);
+  ring.Release(seq);
+  ASSERT_TRUE(ring.Done(cancelled));
+  EXPECT_EQ(ring.completion(cancelled)->code, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(Message(ring.completion(cancelled)).find("hidden"), std::string::npos) << Message(ring.completion(cancelled));
+  // The cancelled slot is reclaimed by itself: a whole ring's worth of calls still goes through.
+  for (uint32_t i = 0; i < ring.depth(); ++i) {
+    ASSERT_TRUE(ring.Submit(full({0, 0, 0, logits_bytes}), x.data(), x.size(), lane::MonotonicNanos() + 10'000'000'000,
+                            &seq).ok()) << i;
+    ASSERT_TRUE(ring.Wait(seq, lane::MonotonicNanos() + 10'000'000'000, &c).ok());
+    ring.Release(seq);
+  }
+}
+
 TEST(LaneE2E, OpenIsRefusedClearly) {
   Server s("1", "lane_open");
   ASSERT_TRUE(s.ok) << s.proc.Log();

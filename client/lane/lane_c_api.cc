@@ -36,6 +36,7 @@ int64_t Deadline(int64_t timeout_ns) {
 
 #define DH_EXPORT extern "C" __attribute__((visibility("default")))
 
+DH_EXPORT uint32_t dh_lane_abi_version(void) { return DH_LANE_ABI_VERSION; }
 DH_EXPORT uint32_t dh_lane_layout_version(void) { return drafthead::lane::kLaneLayoutVersion; }
 
 DH_EXPORT dh_lane* dh_lane_create(uint32_t depth, uint32_t inline_bytes, uint64_t hidden_slot_bytes,
@@ -93,24 +94,42 @@ DH_EXPORT void dh_lane_release(dh_lane* l, uint64_t seq) { l->ring->Release(seq)
 
 DH_EXPORT int dh_lane_done(const dh_lane* l, uint64_t seq) { return l->ring->Done(seq) ? 1 : 0; }
 DH_EXPORT const void* dh_lane_completion(const dh_lane* l, uint64_t seq) {
-  return drafthead::lane::CompletionSlot(l->ring->base(), drafthead::lane::GeometryFor(l->ring->depth(), l->ring->inline_bytes()),
-                                         l->ring->depth(), seq);
+  return l->ring->completion(seq);
 }
 
-DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, char* msg, size_t msg_len) {
+DH_EXPORT int64_t dh_lane_call(dh_lane* l, const void* request, const void* hidden, uint64_t hidden_bytes,
+                               int64_t timeout_ns, char* msg, size_t msg_len) {
+  drafthead::lane::LaneRequest d;
+  std::memcpy(&d, request, sizeof d);
+  const int64_t deadline = Deadline(timeout_ns);
+  uint64_t seq = 0;
+  if (LaneError e = l->ring->Submit(d, hidden, hidden_bytes, deadline, &seq); !e.ok()) return -Report(e, msg, msg_len);
+  const drafthead::lane::LaneCompletion* c = nullptr;
+  // A failed wait abandons the slot (reclaimed once answered): nothing for the caller to release.
+  if (LaneError e = l->ring->Wait(seq, deadline, &c); !e.ok()) return -Report(e, msg, msg_len);
+  return static_cast<int64_t>(seq);
+}
+
+DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, uint64_t hidden_arena, char* msg, size_t msg_len) {
   if (l->cuda != nullptr) return 0;
   auto cuda = std::make_unique<drafthead::lane::LaneCuda>();
-  const int code = Report(cuda->Attach(l->ring.get()), msg, msg_len);
+  const int code = Report(cuda->Attach(l->ring.get(), hidden_arena), msg, msg_len);
   if (code == 0) l->cuda = std::move(cuda);
   return code;
 }
 
-DH_EXPORT int dh_lane_stream_fence(dh_lane* l, uint64_t seq, void* stream, char* msg, size_t msg_len) {
-  if (l->cuda == nullptr) return Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
-  return Report(l->cuda->Fence(seq, stream), msg, msg_len);
+DH_EXPORT int64_t dh_lane_call_stream(dh_lane* l, const void* request, uint64_t hidden, uint64_t hidden_bytes,
+                                      void* stream, int wait, int64_t timeout_ns, char* msg, size_t msg_len) {
+  if (l->cuda == nullptr) return -Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
+  drafthead::lane::LaneRequest d;
+  std::memcpy(&d, request, sizeof d);
+  uint64_t seq = 0;
+  if (LaneError e = l->cuda->Call(d, hidden, hidden_bytes, stream, wait != 0, Deadline(timeout_ns), &seq); !e.ok())
+    return -Report(e, msg, msg_len);
+  return static_cast<int64_t>(seq);
 }
 
-DH_EXPORT int dh_lane_stream_wait(dh_lane* l, uint64_t seq, void* stream, char* msg, size_t msg_len) {
-  if (l->cuda == nullptr) return Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
-  return Report(l->cuda->WaitOn(seq, stream), msg, msg_len);
+DH_EXPORT int dh_lane_stream_synchronize(dh_lane* l, int64_t timeout_ns, char* msg, size_t msg_len) {
+  if (l->cuda == nullptr) return 0;  // no stream-ordered call was ever made
+  return Report(l->cuda->Synchronize(Deadline(timeout_ns)), msg, msg_len);
 }

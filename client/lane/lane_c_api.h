@@ -1,7 +1,10 @@
 /* The lane's caller side with a C ABI: libdrafthead_lane.so, loaded by the Python client with
- * ctypes (client/python/drafthead_client/lane.py). A thin shell over LaneRing (lane_ring.h): the
- * same contract. OpenLane / CloseLane are the caller's to send over gRPC. Errors: a gRPC status
- * code returned (0 OK) and the message written to msg (NUL-terminated, truncated to msg_len). */
+ * ctypes (client/python/drafthead_client/lane.py). A thin shell over LaneRing (lane_ring.h) and
+ * LaneCuda (lane_cuda.h): the same contract. OpenLane / CloseLane are the caller's to send over gRPC.
+ * Errors: a gRPC status code returned (0 OK; the one-call entries return minus the code) and the
+ * message written to msg (NUL-terminated, truncated to msg_len). docs/lane.md lists the entries.
+ * DH_LANE_ABI_VERSION changes whenever an entry's meaning or signature does (dh_lane_abi_version
+ * says the library's; the layout version is the shared-memory protocol's, a different thing). */
 #ifndef DRAFTHEAD_LANE_C_API_H_
 #define DRAFTHEAD_LANE_C_API_H_
 
@@ -12,8 +15,11 @@
 extern "C" {
 #endif
 
+#define DH_LANE_ABI_VERSION 2
+
 typedef struct dh_lane dh_lane;
 
+uint32_t dh_lane_abi_version(void);
 uint32_t dh_lane_layout_version(void);
 /* NULL on failure (*code and msg say why). */
 dh_lane* dh_lane_create(uint32_t depth, uint32_t inline_bytes, uint64_t hidden_slot_bytes,
@@ -33,25 +39,44 @@ void* dh_lane_hidden_area(const dh_lane* lane, uint32_t slot);
 uint64_t dh_lane_hidden_offset(const dh_lane* lane, uint32_t slot);
 void* dh_lane_output_area(const dh_lane* lane, uint32_t slot);
 uint64_t dh_lane_output_offset(const dh_lane* lane, uint32_t slot);
-/* timeout_ns < 0: none. */
+/* One synchronous call (the common case, one C call): `request` is a LaneRequest (128 bytes) whose
+ * hidden slice is set here to the slot's arena hidden area holding `hidden_bytes` of `hidden`
+ * (copied) and whose output slice, when present, is slot-relative (LaneRing::PublishInSlot: region
+ * 0's offset counts from the slot's output area). Reserves a slot, copies, publishes, waits (all
+ * within timeout_ns; < 0: none). Returns the submission number seq (>= 0): the answer is
+ * dh_lane_completion(seq) (and the slot's output area) until dh_lane_release(seq); or minus a gRPC
+ * code (nothing left to release; INVALID_ARGUMENT before reserving when a slice exceeds a slot). */
+int64_t dh_lane_call(dh_lane* lane, const void* request, const void* hidden, uint64_t hidden_bytes,
+                     int64_t timeout_ns, char* msg, size_t msg_len);
+void dh_lane_release(dh_lane* lane, uint64_t seq);
+const void* dh_lane_completion(const dh_lane* lane, uint64_t seq);
+
+/* The same in steps, for a caller with several calls in flight from one thread: reserve, fill the
+ * slot's arena area, publish (absolute slices: dh_lane_hidden_offset / dh_lane_output_offset;
+ * the request's seq is set here), then wait (or poll dh_lane_done) and release. */
 int dh_lane_reserve(dh_lane* lane, int64_t timeout_ns, uint64_t* seq, char* msg, size_t msg_len);
-/* request: a LaneRequest (128 bytes, common/lane/lane_layout.h); its seq is set here. */
 void dh_lane_publish(dh_lane* lane, uint64_t seq, const void* request);
 /* On 0, *completion points at the LaneCompletion (512-byte header, then the inline answer) until
  * dh_lane_release(seq). */
 int dh_lane_wait(dh_lane* lane, uint64_t seq, int64_t timeout_ns, const void** completion, char* msg,
                  size_t msg_len);
-void dh_lane_release(dh_lane* lane, uint64_t seq);
 /* 1 once seq's answer is there (no waiting); then dh_lane_completion(seq) is it. */
 int dh_lane_done(const dh_lane* lane, uint64_t seq);
-const void* dh_lane_completion(const dh_lane* lane, uint64_t seq);
 
-/* Stream-ordered calls (lane_cuda.h): register the lane with the current CUDA context, then per call
- * dh_lane_stream_fence after the rows are written on `stream` (publish with kFlagHiddenFence) and
- * dh_lane_stream_wait before reading the answer on `stream`. `stream` is a CUstream. */
-int dh_lane_cuda_attach(dh_lane* lane, char* msg, size_t msg_len);
-int dh_lane_stream_fence(dh_lane* lane, uint64_t seq, void* stream, char* msg, size_t msg_len);
-int dh_lane_stream_wait(dh_lane* lane, uint64_t seq, void* stream, char* msg, size_t msg_len);
+/* Stream-ordered calls (lane_cuda.h), for rows and answers on a GPU: register the lane with the
+ * current CUDA context and name the caller's CUDA hidden arena (its device address; region 1 at
+ * OpenLane, the output arena region 2, both laid out per slot like the host arena). Then one C call
+ * a call: dh_lane_call_stream copies `hidden_bytes` at device address `hidden` into the slot's
+ * hidden area, fences, publishes `request` (its output slice slot-relative) and makes `stream` (a
+ * CUstream) wait for the answer, all ordered on the stream; wait != 0 also waits on the host.
+ * Returns seq (>= 0: the answer is in the slot seq % depth of the output arena, ordered on the
+ * stream; the library releases the slot itself) or minus a gRPC code: this call's failure, or an
+ * earlier stream-ordered call's (answered since; reported once, before this call submits anything).
+ * dh_lane_stream_synchronize waits on the host for every such call and returns the first failure. */
+int dh_lane_cuda_attach(dh_lane* lane, uint64_t hidden_arena, char* msg, size_t msg_len);
+int64_t dh_lane_call_stream(dh_lane* lane, const void* request, uint64_t hidden, uint64_t hidden_bytes, void* stream,
+                            int wait, int64_t timeout_ns, char* msg, size_t msg_len);
+int dh_lane_stream_synchronize(dh_lane* lane, int64_t timeout_ns, char* msg, size_t msg_len);
 
 #ifdef __cplusplus
 }

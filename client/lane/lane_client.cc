@@ -113,14 +113,6 @@ absl::StatusOr<v1::LogitsResponse> LaneClient::Compute(const v1::LogitsRequest& 
 
 absl::StatusOr<LaneClient::Pending> LaneClient::Start(const v1::LogitsRequest& req, absl::Time deadline) {
   const lane::LaneRingConfig& cfg = ring_->config();
-  if (req.hidden().size() > cfg.hidden_slot_bytes)
-    return absl::InvalidArgumentError(absl::StrCat("hidden: ", req.hidden().size(), " bytes exceed the lane's ",
-                                                   cfg.hidden_slot_bytes, " (rows beyond max_rows?)"));
-  const int64_t until = MonotonicDeadline(deadline);
-  uint64_t seq = 0;
-  if (lane::LaneError e = ring_->Reserve(until, &seq); !e.ok()) return FromLane(e);
-  const uint32_t slot = static_cast<uint32_t>(seq % ring_->depth());
-  std::memcpy(ring_->hidden_area(slot), req.hidden().data(), req.hidden().size());
   lane::LaneRequest d{};
   d.request_id = req.request_id();
   d.rows = req.rows();
@@ -132,7 +124,6 @@ absl::StatusOr<LaneClient::Pending> LaneClient::Start(const v1::LogitsRequest& r
   d.flags = req.return_probs() ? uint32_t{lane::kFlagReturnProbs} : 0u;
   d.temperature = req.temperature();
   d.seed = req.seed();
-  d.hidden = Slice(0, ring_->hidden_area_offset(slot), req.hidden().size());
   d.output = Slice(lane::kNoRegion, 0, 0);
   uint64_t logits_bytes = 0;
   if (req.mode() == v1::FULL_LOGITS) {
@@ -140,9 +131,12 @@ absl::StatusOr<LaneClient::Pending> LaneClient::Start(const v1::LogitsRequest& r
     logits_bytes = uint64_t{req.rows()} * vocab_size_ * (req.logits_dtype() == v1::FP32 ? 4 : 2);
     if (logits_bytes > cfg.output_slot_bytes)
       logits_bytes = cfg.output_slot_bytes;  // rows beyond max_rows: the server names `rows`
-    d.output = Slice(0, ring_->output_area_offset(slot), logits_bytes);
+    d.output = Slice(0, 0, logits_bytes);  // the slot's output area
   }
-  ring_->Publish(seq, d);
+  uint64_t seq = 0;
+  if (lane::LaneError e = ring_->Submit(d, req.hidden().data(), req.hidden().size(), MonotonicDeadline(deadline), &seq);
+      !e.ok())
+    return FromLane(e);
   return Pending{seq, req.mode(), logits_bytes};
 }
 

@@ -6,6 +6,7 @@
 // loads without CUDA.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -29,6 +30,7 @@ struct CudaApi {
   CUresult (*MemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned) = nullptr;
   CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, uint32_t, unsigned) = nullptr;
   CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned) = nullptr;
+  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   std::string error;
 };
@@ -53,6 +55,7 @@ const CudaApi& Api() {
                     Find(lib, &a.MemHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer"}) &&
                     Find(lib, &a.StreamWriteValue32, {"cuStreamWriteValue32_v2", "cuStreamWriteValue32"}) &&
                     Find(lib, &a.StreamWaitValue32, {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}) &&
+                    Find(lib, &a.MemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"}) &&
                     Find(lib, &a.GetErrorString, {"cuGetErrorString"});
     if (!ok) a.error = "libcuda.so.1 lacks the stream memory operations (cuStreamWaitValue32)";
     return a;
@@ -74,10 +77,11 @@ LaneCuda::~LaneCuda() {
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
 }
 
-LaneError LaneCuda::Attach(LaneRing* ring) {
+LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena) {
   const CudaApi& api = Api();
   if (!api.error.empty()) return LaneError{9, api.error};
   ring_ = ring;
+  hidden_arena_ = hidden_arena;
   CUresult r = api.MemHostRegister(ring->base(), ring->bytes(), kHostRegisterPortable | kHostRegisterDeviceMap);
   if (r != 0) return CudaFailed("cuMemHostRegister of the lane object (is a CUDA context current?)", r);
   registered_ = ring->base();
@@ -99,16 +103,77 @@ LaneError LaneCuda::Attach(LaneRing* ring) {
   return {};
 }
 
-LaneError LaneCuda::Fence(uint64_t seq, void* stream) {
-  const CUresult r = Api().StreamWriteValue32(stream, device_base_ + ring_->fence_offset(seq),
-                                              static_cast<uint32_t>(seq + 1), 0);
-  return r == 0 ? LaneError{} : CudaFailed("cuStreamWriteValue32 (the fence)", r);
+LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
+                         int64_t deadline_ns, uint64_t* seq) {
+  LaneRequest r = d;
+  r.flags |= kFlagHiddenFence;
+  r.hidden = LaneSlice{1, 0, 0, hidden_bytes};  // the slot's area of the CUDA hidden arena
+  if (LaneError e = ring_->CheckSlotSlices(r); !e.ok()) return e;
+  std::lock_guard<std::mutex> l(mu_);
+  if (LaneError e = Settle(UINT64_MAX, deadline_ns); !e.ok()) return e;
+  if (pending_.size() >= ring_->depth()) {
+    if (LaneError e = Settle(pending_.front(), deadline_ns); !e.ok()) return e;
+  }
+  if (LaneError e = TakeDeferred(); !e.ok()) return e;
+  uint64_t n = 0;
+  if (LaneError e = ring_->Reserve(deadline_ns, &n); !e.ok()) return e;
+  const CudaApi& api = Api();
+  const uint32_t slot = static_cast<uint32_t>(n % ring_->depth());
+  CUresult cr = api.MemcpyDtoDAsync(hidden_arena_ + slot * ring_->config().hidden_slot_bytes, hidden, hidden_bytes,
+                                    stream);
+  if (cr != 0) {
+    ring_->Cancel(n);
+    return CudaFailed("cuMemcpyDtoDAsync (the rows into the lane's arena)", cr);
+  }
+  // The fence after the copy, on the same stream: the server reads the rows once it sees it.
+  cr = api.StreamWriteValue32(stream, device_base_ + ring_->fence_offset(n), static_cast<uint32_t>(n + 1), 0);
+  if (cr != 0) {
+    ring_->Cancel(n);
+    return CudaFailed("cuStreamWriteValue32 (the fence)", cr);
+  }
+  ring_->PublishInSlot(n, r);
+  pending_.push_back(n);  // published: its answer is released by a later Settle, whatever happens now
+  cr = api.StreamWaitValue32(stream, device_base_ + ring_->done_offset(n), static_cast<uint32_t>(n + 1),
+                             kWaitValueEq);
+  if (cr != 0) return CudaFailed("cuStreamWaitValue32 (the answer)", cr);
+  *seq = n;
+  if (!wait) return {};
+  if (LaneError e = Settle(n, deadline_ns); !e.ok()) return e;
+  return TakeDeferred();
 }
 
-LaneError LaneCuda::WaitOn(uint64_t seq, void* stream) {
-  const CUresult r = Api().StreamWaitValue32(stream, device_base_ + ring_->done_offset(seq),
-                                             static_cast<uint32_t>(seq + 1), kWaitValueEq);
-  return r == 0 ? LaneError{} : CudaFailed("cuStreamWaitValue32 (the answer)", r);
+LaneError LaneCuda::Synchronize(int64_t deadline_ns) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!pending_.empty()) {
+    if (LaneError e = Settle(pending_.back(), deadline_ns); !e.ok()) return e;
+  }
+  return TakeDeferred();
+}
+
+LaneError LaneCuda::Settle(uint64_t through, int64_t deadline_ns) {
+  while (!pending_.empty()) {
+    const uint64_t n = pending_.front();
+    if (!ring_->Done(n)) {
+      if (through == UINT64_MAX || n > through) return {};
+      const LaneCompletion* c = nullptr;
+      if (LaneError e = ring_->Wait(n, deadline_ns, &c); !e.ok()) {
+        pending_.pop_front();  // Wait abandoned the slot: reclaimed once answered
+        return e;
+      }
+    }
+    const LaneCompletion* c = ring_->completion(n);
+    if (c->code != 0 && deferred_.ok())
+      deferred_ = LaneError{c->code, std::string(c->message, std::min<uint32_t>(c->message_len, kMessageBytes))};
+    ring_->Release(n);
+    pending_.pop_front();
+  }
+  return {};
+}
+
+LaneError LaneCuda::TakeDeferred() {
+  LaneError e;
+  std::swap(e, deferred_);
+  return e;
 }
 
 }  // namespace drafthead::lane

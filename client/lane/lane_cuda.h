@@ -1,11 +1,14 @@
 // A lane's stream-ordered calls for a caller on a GPU (lane_cuda.cc says how). Owns the lane
-// object's registration with the device and a watchdog thread that answers outstanding requests
-// UNAVAILABLE once the server is gone (so no GPU stream waits forever). Not thread-safe beyond the
-// LaneRing's own guarantees: Fence / WaitOn from the thread that owns the stream.
+// object's registration with the device, the bookkeeping of stream-ordered submissions whose
+// answers the host has not yet seen, and a watchdog thread that answers outstanding requests
+// UNAVAILABLE once the server is gone (so no GPU stream waits forever).
+// Threads: Call / Synchronize are thread-safe (one mutex: a Call that waits on the host holds it).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "client/lane/lane_ring.h"
@@ -19,17 +22,37 @@ class LaneCuda {
   LaneCuda(const LaneCuda&) = delete;
   LaneCuda& operator=(const LaneCuda&) = delete;
 
-  // Registers the ring's object with the current CUDA context. FAILED_PRECONDITION without CUDA.
-  LaneError Attach(LaneRing* ring);
-  // On `stream` (a CUstream): seq's fence word <- seq + 1, after the stream's earlier work.
-  LaneError Fence(uint64_t seq, void* stream);
-  // On `stream`: wait until seq's answer is published (done_seq == seq + 1).
-  LaneError WaitOn(uint64_t seq, void* stream);
+  // Registers the ring's object with the current CUDA context. hidden_arena: the device address of
+  // the caller's CUDA hidden arena (region 1 at OpenLane; depth areas of hidden_slot_bytes).
+  // FAILED_PRECONDITION without CUDA.
+  LaneError Attach(LaneRing* ring, uint64_t hidden_arena);
+
+  // One stream-ordered call on `stream` (a CUstream): first the answers already published are
+  // released (an earlier call's failure is returned now, before anything is submitted); with all
+  // depth slots held by such calls, waits for the oldest. Then reserves a slot, copies
+  // `hidden_bytes` at device address `hidden` into the slot's CUDA hidden area, writes the fence
+  // word, publishes `d` (slot-relative slices, LaneRing::PublishInSlot; kFlagHiddenFence set here)
+  // and makes the stream wait for the answer; all on the stream, the host waits for no GPU work.
+  // wait: also wait on the host for this call (and every earlier one), returning its failure.
+  // *seq: the submission (its answer lands in the slot's CUDA output area, ordered on the stream).
+  LaneError Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
+                 int64_t deadline_ns, uint64_t* seq);
+  // Waits on the host for every stream-ordered call's answer; the first failure among them.
+  LaneError Synchronize(int64_t deadline_ns);
 
  private:
+  // Releases the answered calls, oldest first, keeping the first failure in deferred_; blocks for
+  // each one up to `through` (UINT64_MAX: none). A wait that fails drops its call (abandoned).
+  LaneError Settle(uint64_t through, int64_t deadline_ns);
+  LaneError TakeDeferred();
+
   LaneRing* ring_ = nullptr;
   void* registered_ = nullptr;
   unsigned long long device_base_ = 0;
+  uint64_t hidden_arena_ = 0;
+  std::mutex mu_;
+  std::deque<uint64_t> pending_;  // submitted, answer not yet seen by the host (oldest first)
+  LaneError deferred_;            // the first failure among them, returned by the next call
   std::atomic<bool> stop_{false};
   std::thread watchdog_;
 };

@@ -188,13 +188,56 @@ void LaneRing::Publish(uint64_t seq, const LaneRequest& d) {
   if (hdr_->server_sleeping.load(std::memory_order_relaxed) != 0) FutexWake(&hdr_->sq_tail, 1);
 }
 
+LaneError LaneRing::CheckSlotSlices(const LaneRequest& d) const {
+  auto fits = [](const LaneSlice& s, uint64_t area) {
+    return s.region == kNoRegion || (s.offset <= area && s.byte_size <= area - s.offset);
+  };
+  if (!fits(d.hidden, config_.hidden_slot_bytes))
+    return Err(kInvalidArgument, "hidden: " + std::to_string(d.hidden.offset + d.hidden.byte_size) +
+                                     " bytes exceed the lane's " + std::to_string(config_.hidden_slot_bytes) +
+                                     " a slot (rows beyond max_rows?)");
+  if (!fits(d.output, config_.output_slot_bytes))
+    return Err(kInvalidArgument, "output: " + std::to_string(d.output.offset + d.output.byte_size) +
+                                     " bytes exceed the lane's " + std::to_string(config_.output_slot_bytes) +
+                                     " a slot");
+  return {};
+}
+
+uint64_t LaneRing::slot_offset(const LaneSlice& s, bool output, uint32_t slot) const {
+  if (!output) return uint64_t{slot} * config_.hidden_slot_bytes;
+  return s.region == 0 ? output_area_offset(slot) : uint64_t{slot} * config_.output_slot_bytes;
+}
+
+void LaneRing::PublishInSlot(uint64_t seq, LaneRequest d) {
+  const uint32_t slot = static_cast<uint32_t>(seq % depth_);
+  if (d.hidden.region != kNoRegion) d.hidden.offset += slot_offset(d.hidden, false, slot);
+  if (d.output.region != kNoRegion) d.output.offset += slot_offset(d.output, true, slot);
+  Publish(seq, d);
+}
+
+LaneError LaneRing::Submit(LaneRequest d, const void* hidden, uint64_t hidden_bytes, int64_t deadline_ns,
+                           uint64_t* seq) {
+  d.hidden = LaneSlice{0, 0, 0, hidden_bytes};  // the rows, in the slot's arena hidden area
+  if (LaneError e = CheckSlotSlices(d); !e.ok()) return e;
+  if (LaneError e = Reserve(deadline_ns, seq); !e.ok()) return e;
+  if (hidden_bytes > 0) std::memcpy(hidden_area(static_cast<uint32_t>(*seq % depth_)), hidden, hidden_bytes);
+  PublishInSlot(*seq, d);
+  return {};
+}
+
+void LaneRing::Cancel(uint64_t seq) {
+  LaneRequest d{};
+  d.hidden.region = d.output.region = kNoRegion;  // no rows: refused INVALID_ARGUMENT (`hidden`), nothing read
+  Publish(seq, d);
+  Abandon(seq);
+}
+
 bool LaneRing::Done(uint64_t seq) const {
-  const LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
-  return c->done_seq.load(std::memory_order_acquire) == seq + 1;
+  return completion(seq)->done_seq.load(std::memory_order_acquire) == seq + 1;
 }
 
 LaneError LaneRing::Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out) {
-  const LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
+  const LaneCompletion* c = completion(seq);
   auto done = [&] { return c->done_seq.load(std::memory_order_acquire) == seq + 1; };
   const int64_t spin_until = MonotonicNanos() + config_.spin_ns;
   uint32_t polls = 0;
@@ -242,7 +285,7 @@ void LaneRing::FailOutstanding(const LaneError& why) {
   for (uint32_t slot = 0; slot < depth_; ++slot) {
     if (state_[slot] == kFree) continue;
     const uint64_t seq = slot_seq_[slot];
-    LaneCompletion* c = CompletionSlot(base_, geo_, depth_, seq);
+    LaneCompletion* c = completion(seq);
     if (c->done_seq.load(std::memory_order_acquire) == seq + 1) continue;
     c->code = why.code;
     const size_t n = std::min<size_t>(why.message.size(), kMessageBytes);

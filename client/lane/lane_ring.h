@@ -80,11 +80,32 @@ class LaneRing {
   LaneError Reserve(int64_t deadline_ns, uint64_t* seq);
   // Publishes descriptor `d` (d.seq is set here) for a reserved seq and rings the doorbell.
   void Publish(uint64_t seq, const LaneRequest& d);
+
+  // Slot-relative descriptors (what Submit and the C ABI's one-call entries take): a slice's offset
+  // counts from the start of the slot's own area in its region, whose areas are laid out per slot
+  // like this ring's arena (hidden areas of hidden_slot_bytes, output areas of output_slot_bytes;
+  // the caller's CUDA arenas are made so). Region 0 is the arena, whose output areas follow its
+  // hidden areas. kNoRegion slices are left alone.
+  // INVALID_ARGUMENT (naming the slice) when a slice does not fit in one slot's area. Check before
+  // Reserve: a reserved seq must be published (sq_tail moves in order), or Cancel()ed.
+  LaneError CheckSlotSlices(const LaneRequest& d) const;
+  // Publish with d's slot-relative slices made absolute for seq's slot.
+  void PublishInSlot(uint64_t seq, LaneRequest d);
+  // One submission of rows given here: d.hidden becomes the slot's arena hidden area holding
+  // `hidden_bytes` of `hidden` (host memory, copied); d.output is slot-relative. Check, Reserve
+  // (up to deadline_ns), copy, PublishInSlot. *seq: its number (Wait, then Release).
+  LaneError Submit(LaneRequest d, const void* hidden, uint64_t hidden_bytes, int64_t deadline_ns, uint64_t* seq);
+  // For a reserved seq that cannot be published as meant (a failure between Reserve and Publish):
+  // publishes a descriptor the server refuses at once (no hidden slice) and abandons the slot, so the ring
+  // goes on (sq_tail moves past seq; the slot is reclaimed once the refusal is written).
+  void Cancel(uint64_t seq);
   // Waits for seq's completion. On OK, *out points at it until Release(seq).
   LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
   void Release(uint64_t seq);
   // Wait without blocking: true once seq's answer is there.
   bool Done(uint64_t seq) const;
+  // Submission seq's completion slot (slot seq % depth), answered or not: what Wait hands out.
+  LaneCompletion* completion(uint64_t seq) const { return CompletionSlot(base_, geo_, depth_, seq); }
   // The lane's header and a slot's words, for a caller whose GPU stream writes the fence and waits
   // on done_seq itself (stream-ordered calls, lane_c_api.h).
   uint8_t* base() const { return base_; }
@@ -103,6 +124,7 @@ class LaneRing {
  private:
   LaneRing() = default;
   void Abandon(uint64_t seq);  // the waiter gave up: reclaim the slot once answered
+  uint64_t slot_offset(const LaneSlice& s, bool output, uint32_t slot) const;
 
   LaneRingConfig config_;
   std::string key_, arena_key_;

@@ -58,7 +58,7 @@ class LaneManager::Lane {
   LaneHeader* hdr = nullptr;
   lane::LaneGeometry geo;
   uint32_t depth = 0;
-  uint32_t inline_bytes = 0;
+  LaneLimits limits;  // ParseDescriptor's bounds: the serving limits and this lane's inline size
   int pidfd = -1;
   int client_pid = 0;
   std::vector<std::string> region_names;
@@ -131,7 +131,7 @@ absl::Status MapLaneObject(const v1::OpenLaneRequest& req, LaneManager::Lane* la
   const lane::LaneGeometry g = lane::GeometryFor(h.depth, h.inline_bytes);
   lane->geo = g;
   lane->depth = h.depth;
-  lane->inline_bytes = h.inline_bytes;
+  lane->limits.inline_bytes = h.inline_bytes;
   return absl::OkStatus();
 }
 
@@ -183,6 +183,8 @@ absl::StatusOr<v1::OpenLaneResponse> LaneManager::Open(const v1::OpenLaneRequest
   }
   auto lane = std::make_shared<Lane>();
   DH_RETURN_IF_ERROR(MapLaneObject(req, lane.get()));
+  lane->limits.max_rows = options_.max_rows;
+  lane->limits.max_top_k = options_.max_top_k;
   DH_RETURN_IF_ERROR(WatchCaller(req.pid(), lane.get()));
   for (int i = 0; i < req.regions_size(); ++i) {
     absl::Status s;
@@ -216,7 +218,6 @@ absl::StatusOr<v1::OpenLaneResponse> LaneManager::Open(const v1::OpenLaneRequest
   lane->thread = std::thread([this, raw, weak] {
     Lane& ln = *raw;
     LaneHeader* h = ln.hdr;
-    const LaneLimits limits{0, 0, ln.inline_bytes};
     auto counters = counters_;
     uint64_t n = 0;
     const int64_t spin_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.spin).count();
@@ -253,7 +254,7 @@ absl::StatusOr<v1::OpenLaneResponse> LaneManager::Open(const v1::OpenLaneRequest
         h->sq_head.store(static_cast<uint32_t>(n + 1), std::memory_order_relaxed);
         absl::Status fence = absl::OkStatus();
         if (d.flags & lane::kFlagHiddenFence) fence = AwaitFence(ln, n, d);
-        Handle(weak.lock(), n, d, last, limits, fence);
+        Handle(weak.lock(), n, d, last, fence);
         ++n;
         last_work = lane::MonotonicNanos();
         continue;
@@ -307,7 +308,7 @@ absl::Status LaneManager::AwaitFence(Lane& lane, uint64_t n, const LaneRequest& 
 }
 
 void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneRequest& d, bool last,
-                         const LaneLimits& base_limits, const absl::Status& fence) {
+                         const absl::Status& fence) {
   counters_->requests.fetch_add(1, std::memory_order_relaxed);
   LaneCompletion* c = lane->Completion(n);
   c->request_id = d.request_id;
@@ -316,9 +317,6 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
   c->flags = 0;
   c->message_len = 0;
   std::memset(c->timing, 0, sizeof c->timing);
-  LaneLimits limits = base_limits;
-  limits.max_rows = options_.max_rows;
-  limits.max_top_k = options_.max_top_k;
   auto refuse = [&](const absl::Status& s) {
     counters_->bad.fetch_add(1, std::memory_order_relaxed);
     FillStatus(c, s);
@@ -327,7 +325,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
     counters_->doorbells.fetch_add(rang, std::memory_order_relaxed);
   };
   if (!fence.ok()) return refuse(fence);
-  auto parsed = ParseDescriptor(d, lane->region_names, limits);
+  auto parsed = ParseDescriptor(d, lane->region_names, lane->limits);
   if (!parsed.ok()) return refuse(parsed.status());
   // A token answer's output slice is checked now, so a bad one is refused before any compute.
   if (!parsed->tokens_region.empty()) {

@@ -91,7 +91,7 @@ class LaneManager {
 
  private:
   void Handle(std::shared_ptr<Lane> lane, uint64_t n, const lane::LaneRequest& d, bool last,
-              const LaneLimits& limits, const absl::Status& fence);
+              const absl::Status& fence);
   absl::Status AwaitFence(Lane& lane, uint64_t n, const lane::LaneRequest& d);
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLaneExit(uint64_t id);

@@ -509,23 +509,28 @@ class RemoteDraftHead(_HeadBase):
         if hidden.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
         lead = tuple(hidden.shape[:-1])
-        x = hidden.detach().reshape(-1, K)
+        x = hidden if hidden.dim() == 2 else hidden.reshape(-1, K)  # read by address only: no detach
         if x.dtype not in (torch.bfloat16, torch.float32):
             x = x.to(torch.float32)
-        x = x.contiguous()
+        if not x.is_contiguous():
+            x = x.contiguous()
         if x.shape[0] == 0:
             raise ValueError("hidden: no rows")
         chunk = max(1, self.info()["max_rows"])
-        parts = [lane.call_cuda(mode=mode, x=x[r0:r0 + chunk], request_id=r0, wait=wait, timeout=timeout, **fields)
-                 for r0 in range(0, x.shape[0], chunk)]
+        rows = x.shape[0]
+        # Every torch op costs host time (the stream-ordered call's budget): one call of rows <=
+        # max_rows (the common case) slices, concatenates and reshapes nothing it need not.
+        parts = [lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
+                                timeout=timeout, **fields)
+                 for r0 in range(0, rows, chunk)]
         if mode == pb.FULL_LOGITS:
             out = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return out.reshape(lead + (out.shape[-1],))
+            return out if lead == (rows,) else out.reshape(lead + (out.shape[-1],))
         k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
         shape = lead + ((k,) if mode == pb.TOP_K else ())
         cat = [None if parts[0][i] is None else (parts[0][i] if len(parts) == 1 else torch.cat([p[i] for p in parts]))
                for i in range(3)]
-        return [None if t is None else t.reshape(shape) for t in cat]
+        return [t if t is None or tuple(t.shape) == shape else t.reshape(shape) for t in cat]
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every call made with wait=False (torch CUDA tensors over a lane) to be answered,

@@ -30,6 +30,8 @@ _NO_REGION = 0xFFFFFFFF
 _FLAG_PROBS, _FLAG_FENCE = 1, 2
 _DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
 _LAYOUT_VERSION = 1
+_ABI_VERSION = 2  # DH_LANE_ABI_VERSION (lane_c_api.h)
+_NO_SLICE = (_NO_REGION, 0, 0)
 
 _TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
                   "epilogue_us", "gather_us", "d2h_us", "combine_us", "server_us")
@@ -73,6 +75,9 @@ def load_library() -> ctypes.CDLL:
                               "libdrafthead_lane.so not found (install the wheel, or build the "
                               "drafthead_lane_c target, or set DRAFTHEAD_LANE_LIB)")
     c = ctypes
+    if not hasattr(lib, "dh_lane_abi_version") or lib.dh_lane_abi_version() != _ABI_VERSION:
+        raise LaneUnavailable("FAILED_PRECONDITION", f"{path} is another version of libdrafthead_lane.so "
+                              f"(want its C ABI version {_ABI_VERSION}): rebuild or reinstall the package")
     lib.dh_lane_layout_version.restype = c.c_uint32
     lib.dh_lane_create.restype = c.c_void_p
     lib.dh_lane_create.argtypes = [c.c_uint32, c.c_uint32, c.c_uint64, c.c_uint64, c.c_int64,
@@ -92,6 +97,8 @@ def load_library() -> ctypes.CDLL:
     for name in ("dh_lane_hidden_offset", "dh_lane_output_offset"):
         getattr(lib, name).restype = c.c_uint64
         getattr(lib, name).argtypes = [c.c_void_p, c.c_uint32]
+    lib.dh_lane_call.restype = c.c_int64
+    lib.dh_lane_call.argtypes = [c.c_void_p, c.c_char_p, c.c_char_p, c.c_uint64, c.c_int64, c.c_char_p, c.c_size_t]
     lib.dh_lane_reserve.argtypes = [c.c_void_p, c.c_int64, c.POINTER(c.c_uint64), c.c_char_p, c.c_size_t]
     lib.dh_lane_publish.argtypes = [c.c_void_p, c.c_uint64, c.c_char_p]
     lib.dh_lane_wait.argtypes = [c.c_void_p, c.c_uint64, c.c_int64, c.POINTER(c.c_void_p), c.c_char_p,
@@ -100,9 +107,11 @@ def load_library() -> ctypes.CDLL:
     lib.dh_lane_done.argtypes = [c.c_void_p, c.c_uint64]
     lib.dh_lane_completion.restype = c.c_void_p
     lib.dh_lane_completion.argtypes = [c.c_void_p, c.c_uint64]
-    lib.dh_lane_cuda_attach.argtypes = [c.c_void_p, c.c_char_p, c.c_size_t]
-    for name in ("dh_lane_stream_fence", "dh_lane_stream_wait"):
-        getattr(lib, name).argtypes = [c.c_void_p, c.c_uint64, c.c_void_p, c.c_char_p, c.c_size_t]
+    lib.dh_lane_cuda_attach.argtypes = [c.c_void_p, c.c_uint64, c.c_char_p, c.c_size_t]
+    lib.dh_lane_call_stream.restype = c.c_int64
+    lib.dh_lane_call_stream.argtypes = [c.c_void_p, c.c_char_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_int,
+                                        c.c_int64, c.c_char_p, c.c_size_t]
+    lib.dh_lane_stream_synchronize.argtypes = [c.c_void_p, c.c_int64, c.c_char_p, c.c_size_t]
     if lib.dh_lane_layout_version() != _LAYOUT_VERSION:
         raise LaneUnavailable("FAILED_PRECONDITION", "libdrafthead_lane.so speaks another layout version")
     _lib = lib
@@ -116,6 +125,17 @@ def local_host_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _pack(request_id: int, rows: int, hidden_dtype: int, mode: int, logits_dtype: int, head: int, top_k: int,
+          return_probs: bool, temperature: float, seed: int, hidden: "tuple[int, int, int]",
+          output: "tuple[int, int, int]", fence: bool = False) -> bytes:
+    """A LaneRequest (128 bytes; seq and the fence word are the library's to write). hidden / output:
+    slices (region index, offset, byte_size); region _NO_REGION: none. dh_lane_call and
+    dh_lane_call_stream set the hidden slice themselves and take the output slice slot-relative."""
+    flags = (_FLAG_PROBS if return_probs else 0) | (_FLAG_FENCE if fence else 0)
+    return _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k, flags, temperature, 0,
+                         seed, hidden[0], 0, hidden[1], hidden[2], output[0], 0, output[1], output[2])
 
 
 def _round_up(v: int, to: int) -> int:
@@ -187,14 +207,43 @@ class Lane:
             self.close()
             raise LaneUnavailable(_CODE_NAMES.get(rc, "UNKNOWN"), msg.value.decode(errors="replace"))
         self._call = call
-        self._pending: List[int] = []        # stream-ordered submissions not yet seen answered
-        self._deferred: Optional[Exception] = None  # the first error among them
-        self._lock = threading.Lock()  # call_cuda's bookkeeping
+        self._tls = threading.local()  # each thread's message buffer for the library's errors
+        # Views of each slot's completion (header, then the inline answer) and output area, made
+        # once here: a call reads its answer through them (copying it out) before releasing the slot.
+        cbytes = _COMPLETION_HEADER_BYTES + self._inline
+        self._completions: List[memoryview] = []
+        self._inline_words: List[Any] = []   # numpy <u4 over each slot's inline answer
+        self._outputs: List[memoryview] = []
+        self._output_words: List[Any] = []   # numpy <u4 over each slot's output area
+        for slot in range(self._depth):
+            done = memoryview((ctypes.c_char * cbytes).from_address(lib.dh_lane_completion(self._h, slot))).cast("B")
+            self._completions.append(done)
+            self._inline_words.append(np.frombuffer(done, dtype="<u4", offset=_COMPLETION_HEADER_BYTES))
+            out = memoryview((ctypes.c_char * self._output_slot).from_address(lib.dh_lane_output_area(self._h, slot)))
+            self._outputs.append(out.cast("B"))
+            self._output_words.append(np.frombuffer(self._outputs[-1], dtype="<u4"))
+        self._torch: Any = None
+        self._cuda_device: Any = None
+        self._cuda_slots: List[Any] = []  # each slot's area of the CUDA output arena: dtype -> view
+        self._stream: Any = None          # device index -> the current CUstream handle (an int)
+        self._cuda_lock = threading.Lock()
         if self._cuda_hidden is not None:
-            rc = lib.dh_lane_cuda_attach(self._h, msg, len(msg))
+            rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), msg, len(msg))
             self.cuda_error = None if rc == 0 else msg.value.decode(errors="replace")
             if rc != 0:
                 self._cuda_hidden = self._cuda_output = None
+            else:
+                import torch
+                self._torch = torch
+                self._cuda_device = self._cuda_output.device
+                # Each slot's output area as int32, float32 and bfloat16 (the answers' types).
+                areas = [self._cuda_output[i * self._output_slot:(i + 1) * self._output_slot] for i in range(self._depth)]
+                self._cuda_slots = [{t: a.view(t) for t in (torch.int32, torch.float32, torch.bfloat16)} for a in areas]
+                # The raw handle without a torch.cuda.Stream object per call (torch's own fast path;
+                # the public one where a torch lacks it).
+                raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                self._stream = raw if raw is not None else (
+                    lambda index: torch.cuda.current_stream(index).cuda_stream)
 
     @property
     def cuda(self) -> bool:
@@ -223,169 +272,109 @@ class Lane:
         text = msg.value.decode(errors="replace") if hasattr(msg, "value") else str(msg)
         raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), text)
 
-    def _reserve(self, timeout_ns: int, msg: Any) -> "tuple[int, int]":
-        """The next submission number and its slot (waiting up to timeout_ns for the slot)."""
-        seq = ctypes.c_uint64(0)
-        rc = self._lib.dh_lane_reserve(self._h, timeout_ns, ctypes.byref(seq), msg, len(msg))
-        if rc != 0:
-            self._raise(rc, msg)
-        return seq.value, seq.value % self._depth
-
-    def _error_of(self, ptr: int) -> Optional[Exception]:
-        """The completion at ptr as an exception, or None when it is OK."""
-        fields = _COMPLETION.unpack(ctypes.string_at(ptr, _COMPLETION.size))
-        code = fields[2]
-        if code == 0:
-            return None
-        mlen = min(fields[20], 384)
-        return self._error(_CODE_NAMES.get(code, "UNKNOWN"), ctypes.string_at(ptr + 92, mlen).decode(errors="replace"))
-
-    def _settle(self, block: bool, timeout: Optional[float]) -> None:
-        """Releases the stream-ordered submissions that are answered (blocking: the oldest one at
-        least), keeping the first error to raise at the next call or synchronize()."""
-        lib, h = self._lib, self._h
-        msg = ctypes.create_string_buffer(512)
-        while self._pending:
-            seq = self._pending[0]
-            if not lib.dh_lane_done(h, seq):
-                if not block:
-                    return
-                ptr = ctypes.c_void_p()
-                rc = lib.dh_lane_wait(h, seq, -1 if timeout is None else int(timeout * 1e9), ctypes.byref(ptr),
-                                      msg, len(msg))
-                if rc != 0:
-                    self._raise(rc, msg)
-            err = self._error_of(lib.dh_lane_completion(h, seq))
-            if err is not None and self._deferred is None:
-                self._deferred = err
-            lib.dh_lane_release(h, seq)
-            self._pending.pop(0)
-            block = False
+    def _msg(self) -> Any:
+        """This thread's buffer for the library's error messages."""
+        msg = getattr(self._tls, "msg", None)
+        if msg is None:
+            msg = self._tls.msg = ctypes.create_string_buffer(512)
+        return msg
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits (on the host) for every stream-ordered call's answer; raises the first failure."""
-        with self._lock:
-            while self._pending:
-                self._settle(True, timeout)
-            err, self._deferred = self._deferred, None
-        if err is not None:
-            raise err
+        h = self._h
+        if h is None:
+            return
+        msg = self._msg()
+        rc = self._lib.dh_lane_stream_synchronize(h, -1 if timeout is None else max(0, int(timeout * 1e9)), msg,
+                                                  len(msg))
+        if rc != 0:
+            self._raise(rc, msg)
 
     def call_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
                   temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0, wait: bool = True,
                   timeout: Optional[float] = None) -> Any:
-        """One call with a torch CUDA tensor x [rows, K] (bf16 or fp32, at most max_rows rows) on the
-        caller's current stream: the rows are copied into the lane's CUDA arena and fenced on the
-        stream, and the stream waits for the answer, which is copied out of the arena on it. Returns
-        the logits tensor, or (ids int64, values, probs or None), all ordered on the stream. wait=True
-        also waits on the host and raises a failure at once; wait=False returns at once, and a failure
-        raises at the next call or synchronize() (like an asynchronous CUDA error)."""
-        import torch
-        pb, lib, h = self._pb, self._lib, self._h
+        """One call with a torch CUDA tensor x [rows, K] (bf16 or fp32, contiguous, at most max_rows
+        rows; on another GPU than the lane's arenas it is copied there first) on the current stream of
+        the arenas' device: the library copies the rows into the lane's CUDA arena, fences them and
+        makes the stream wait for the answer (one C call), which is copied out of the arena on the
+        stream. Returns the logits tensor, or (ids int64, values, probs or None), all ordered on the
+        stream. wait=True also waits on the host (for this call and the earlier ones) and raises a
+        failure at once; wait=False returns at once, and a failure raises at the next call or
+        synchronize() (like an asynchronous CUDA error)."""
+        torch, pb, h = self._torch, self._pb, self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
+        if x.device != self._cuda_device:
+            x = x.to(self._cuda_device)
         rows, K = x.shape
-        nbytes = x.numel() * x.element_size()
-        if nbytes > self._hidden_slot:
-            raise self._error("INVALID_ARGUMENT", f"hidden: {nbytes} bytes exceed the lane's {self._hidden_slot}")
         k = top_k if mode == pb.TOP_K else 1
         if mode == pb.FULL_LOGITS:
             out_bytes = rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
         else:
             out_bytes = rows * k * (12 if return_probs else 8)
-        if out_bytes > self._output_slot:
-            raise self._error("INVALID_ARGUMENT", f"the answer's {out_bytes} bytes exceed the lane's output slot")
-        msg = ctypes.create_string_buffer(512)
-        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
-        stream = torch.cuda.current_stream(x.device)
-        with self._lock:
-            self._settle(False, timeout)
-            if len(self._pending) >= self._depth:
-                self._settle(True, timeout)
-            if self._deferred is not None:
-                err, self._deferred = self._deferred, None
-                raise err
-            n, slot = self._reserve(timeout_ns, msg)
-            h0, o0 = slot * self._hidden_slot, slot * self._output_slot
-            self._cuda_hidden[h0:h0 + nbytes].view(x.dtype).view(rows, K).copy_(x)
-            rc = lib.dh_lane_stream_fence(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
-            if rc != 0:
-                self._raise(rc, msg)
-            hidden_dtype = pb.FP32 if x.dtype == torch.float32 else pb.BF16
-            d = _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k,
-                              (_FLAG_PROBS if return_probs else 0) | _FLAG_FENCE, temperature, 0, seed,
-                              1, 0, h0, nbytes, 2, 0, o0, out_bytes)
-            lib.dh_lane_publish(h, n, d)
-            rc = lib.dh_lane_stream_wait(h, n, ctypes.c_void_p(stream.cuda_stream), msg, len(msg))
-            if rc != 0:
-                self._raise(rc, msg)
-            out = self._cuda_output[o0:o0 + out_bytes]
+        d = _pack(request_id, rows, pb.FP32 if x.dtype == torch.float32 else pb.BF16, mode, logits_dtype, head, top_k,
+                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True)
+        msg = self._msg()
+        # The copy out of the slot is enqueued before another thread's call can enqueue the rows
+        # (and so the server's answer) of the slot's next use on the stream.
+        with self._cuda_lock:
+            n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
+                                              self._stream(self._cuda_device.index), 1 if wait else 0,
+                                              -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+            if n < 0:
+                self._raise(-n, msg)
+            out = self._cuda_slots[n % self._depth]
             if mode == pb.FULL_LOGITS:
-                result: Any = out.view(torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16).view(
+                return out[torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16][:rows * self._vocab].view(
                     rows, self._vocab).clone()
-            else:
-                m = rows * k
-                ids = out[:4 * m].view(torch.int32).view(rows, k).to(torch.int64)
-                values = out[4 * m:8 * m].view(torch.float32).view(rows, k).clone()
-                probs = out[8 * m:12 * m].view(torch.float32).view(rows, k).clone() if return_probs else None
-                result = (ids, values, probs)
-            self._pending.append(n)
-            if wait:
-                self._settle(True, timeout)
-                if self._deferred is not None:
-                    err, self._deferred = self._deferred, None
-                    raise err
-        return result
+            m = rows * k
+            ids = out[torch.int32][:m].view(rows, k).to(torch.int64)
+            floats = out[torch.float32][m:(3 if return_probs else 2) * m].clone()  # values, then probs: one copy
+        return ids, floats[:m].view(rows, k), floats[m:].view(rows, k) if return_probs else None
 
     def compute(self, req: Any, timeout: Optional[float]) -> Any:
         """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
-        seconds (None: no limit); returns the pb.LogitsResponse (an in-band error raises)."""
+        seconds (None: no limit); returns the pb.LogitsResponse (an in-band error raises). One C call
+        (reserve, copy the rows, publish, wait) and the slot's release."""
         pb, lib, h = self._pb, self._lib, self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
-        hidden = req.hidden
-        if len(hidden) > self._hidden_slot:
-            raise self._error("INVALID_ARGUMENT", f"hidden: {len(hidden)} bytes exceed the lane's {self._hidden_slot}")
-        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
-        msg = ctypes.create_string_buffer(512)
-        n, slot = self._reserve(timeout_ns, msg)
-        ctypes.memmove(lib.dh_lane_hidden_area(h, slot), hidden, len(hidden))
         full = req.mode == pb.FULL_LOGITS
         logits_bytes = 0
-        out = (_NO_REGION, 0, 0, 0)
+        out = _NO_SLICE
         if full:
             logits_bytes = min(self._output_slot, req.rows * self._vocab * (4 if req.logits_dtype == pb.FP32 else 2))
-            out = (0, 0, lib.dh_lane_output_offset(h, slot), logits_bytes)
-        d = _REQUEST.pack(0, req.request_id, req.rows, req.hidden_dtype, req.mode, req.logits_dtype, req.head,
-                          req.top_k, _FLAG_PROBS if req.return_probs else 0, req.temperature, 0, req.seed,
-                          0, 0, lib.dh_lane_hidden_offset(h, slot), len(hidden), *out)
-        lib.dh_lane_publish(h, n, d)
-        ptr = ctypes.c_void_p()
-        rc = lib.dh_lane_wait(h, n, timeout_ns, ctypes.byref(ptr), msg, len(msg))
-        if rc != 0:
-            self._raise(rc, msg)
-        done: int = ptr.value or 0  # the completion slot (set when dh_lane_wait succeeds)
+            out = (0, 0, logits_bytes)  # the slot's output area
+        d = _pack(req.request_id, req.rows, req.hidden_dtype, req.mode, req.logits_dtype, req.head, req.top_k,
+                  req.return_probs, req.temperature, req.seed, _NO_SLICE, out)
+        hidden = req.hidden
+        msg = self._msg()
+        n = lib.dh_lane_call(h, d, hidden, len(hidden), -1 if timeout is None else max(0, int(timeout * 1e9)), msg,
+                             len(msg))
+        if n < 0:
+            self._raise(-n, msg)
+        slot = n % self._depth
         try:
-            fields = _COMPLETION.unpack(ctypes.string_at(done, _COMPLETION.size))
+            done = self._completions[slot]
+            fields = _COMPLETION.unpack_from(done)
             _, request_id, code, rows, vocab, k, flags, logits_dtype = fields[:8]
             if code != 0:
                 mlen = min(fields[20], 384)
-                raise self._error(_CODE_NAMES.get(code, "UNKNOWN"),
-                                  ctypes.string_at(done + 92, mlen).decode(errors="replace"))
+                raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), bytes(done[92:92 + mlen]).decode(errors="replace"))
             resp = pb.LogitsResponse(request_id=request_id, rows=rows, vocab_size=vocab, logits_dtype=logits_dtype)
             resp.timing.CopyFrom(pb.Timing(**dict(zip(_TIMING_FIELDS, fields[8:20]))))
             if full:
-                resp.logits = ctypes.string_at(lib.dh_lane_output_area(h, slot), logits_bytes)
+                resp.logits = bytes(self._outputs[slot][:logits_bytes])
             elif rows:
                 entries = rows * k
                 probs = bool(flags & _DONE_PROBS)
-                src = (lib.dh_lane_output_area(h, slot) if flags & _DONE_IN_OUTPUT
-                       else done + _COMPLETION_HEADER_BYTES)
-                raw = np.frombuffer(ctypes.string_at(src, entries * (12 if probs else 8)), dtype="<u4")
-                resp.token_ids.extend(raw[:entries].view("<i4").tolist())
-                resp.values.extend(raw[entries:2 * entries].view("<f4").tolist())
+                words = self._output_words[slot] if flags & _DONE_IN_OUTPUT else self._inline_words[slot]
+                if entries * (3 if probs else 2) > len(words):
+                    raise self._error("INTERNAL", "the lane's answer is larger than its slot")
+                resp.token_ids.extend(words[:entries].view("<i4").tolist())
+                resp.values.extend(words[entries:2 * entries].view("<f4").tolist())
                 if probs:
-                    resp.probs.extend(raw[2 * entries:].view("<f4").tolist())
+                    resp.probs.extend(words[2 * entries:3 * entries].view("<f4").tolist())
             return resp
         finally:
             lib.dh_lane_release(h, n)
