@@ -6,13 +6,16 @@ port_pick() { echo $((20000 + RANDOM % 20000)); }
 
 # serve PROGRAM LOG FLAGS...: starts PROGRAM on a free loopback port (sets port, pid) and waits
 # until it is SERVING (10 minutes at most: synthesis and the twin at real shapes take seconds).
+# With SERVE_UNIX=PATH it listens on unix:PATH instead (point then needs POINT_TARGET=unix:PATH).
 serve() {
   local prog=$1 log=$2
   shift 2
   port=$(port_pick)
-  "$prog" --listen=127.0.0.1:$port "$@" >"$log" 2>&1 &
+  local addr=127.0.0.1:$port
+  [ -n "${SERVE_UNIX:-}" ] && addr=unix:$SERVE_UNIX
+  "$prog" --listen=$addr "$@" >"$log" 2>&1 &
   pid=$!
-  if ! "$cli" info --target=127.0.0.1:$port --wait=600 >/dev/null; then
+  if ! "$cli" info --target=$addr --wait=600 >/dev/null; then
     echo "server did not start: $prog $* (log $log):" >&2
     tail -20 "$log" >&2
     kill -TERM $pid 2>/dev/null || true
@@ -21,13 +24,14 @@ serve() {
 }
 unserve() { kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; }
 
-# point LABEL CLIENT_FLAGS...: one closed-loop load run against 127.0.0.1:$port; prints
+# point LABEL CLIENT_FLAGS...: one closed-loop load run against 127.0.0.1:$port (or POINT_TARGET); prints
 # "| LABEL | p50 | p99 | rows/s | errors | queue | compute | stages... |" (us, p50s) and leaves the
 # p50 in $p50.
 point() {
   local label=$1
   shift
-  "$cli" load --target=127.0.0.1:$port --warmup=1s --json="$tmp/point.json" --quiet "$@" >/dev/null
+  rm -f "$tmp/point.json"  # a failed run must not leave the last point's figures behind
+  "$cli" load --target=${POINT_TARGET:-127.0.0.1:$port} --warmup=1s --json="$tmp/point.json" --quiet "$@" >/dev/null
   local row
   row=$(python3 - "$tmp/point.json" "$label" <<'PY'
 import json, sys

@@ -7,6 +7,11 @@
 // with the real server's reductions (ties to the smaller id; exact softmax over the vocabulary;
 // SAMPLE by Gumbel-max with kernels/numeric.h's counter-based noise).
 //
+// --api=sync serves ComputeLogits and GetModelInfo on gRPC's synchronous API instead of the callback
+// API (the thread that polls the connection runs the handler: no hand-off to a callback pool
+// thread), to measure that alternative as the gRPC floor (bench/gpu/serving.sh); StreamLogits is
+// then UNIMPLEMENTED and --delay-us is refused.
+//
 // --delay-us=D makes it a slow server: each request then takes D microseconds of one of --workers
 // workers, and waits in a FIFO queue before that (reported as queue_us), so an open-loop client
 // sending faster than workers/D per second must see latency grow.
@@ -47,6 +52,7 @@ ABSL_FLAG(uint32_t, hidden_size, 64, "hidden size K");
 ABSL_FLAG(uint32_t, vocab_size, 1000, "vocabulary size");
 ABSL_FLAG(uint32_t, max_rows, 64, "largest rows per request");
 ABSL_FLAG(uint32_t, max_top_k, 256, "largest top_k");
+ABSL_FLAG(std::string, api, "callback", "gRPC server API: callback, or sync (unary calls and model info only)");
 ABSL_FLAG(int64_t, delay_us, 0, "service time per request (0: answer inline, at once)");
 ABSL_FLAG(int, workers, 1, "workers serving delayed requests (with --delay-us)");
 ABSL_FLAG(int64_t, fail_first, 0, "answer the first N ComputeLogits calls with UNAVAILABLE");
@@ -207,6 +213,44 @@ class SlowQueue {
   std::vector<std::thread> threads_;
 };
 
+void FillInfo(const Config& c, v1::ModelInfo* info) {
+  info->set_hidden_size(c.hidden);
+  info->set_vocab_size(c.vocab);
+  info->set_padded_vocab(c.vocab);
+  info->set_tp(1);
+  info->set_shard_rows(c.vocab);
+  info->set_max_rows(c.max_rows);
+  info->set_max_top_k(c.max_top_k);
+  info->set_backend("fake");
+  info->set_comm("none");
+  info->add_heads(v1::FP8_TWIN);
+  info->add_heads(v1::BF16_EXACT);
+  info->set_weights("toy: y[m,n] = x[m, n mod K] * (1 + (n div K) / 4)");
+  info->set_version("drafthead-fake-server 1");
+}
+
+// --api=sync: the handlers run on the thread gRPC's synchronous server polled the call with.
+class SyncService final : public v1::DraftHead::Service {
+ public:
+  SyncService(Config c, int64_t fail_first) : c_(c), fail_left_(fail_first) {}
+  grpc::Status ComputeLogits(grpc::ServerContext*, const LogitsRequest* req, LogitsResponse* resp) override {
+    if (fail_left_.load(std::memory_order_relaxed) > 0 && fail_left_.fetch_sub(1) > 0)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake server: --fail-first");
+    const auto t0 = std::chrono::steady_clock::now();
+    grpc::Status s = Compute(c_, *req, resp);
+    if (s.ok()) resp->mutable_timing()->set_compute_us(NowUsSince(t0));
+    return s;
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*, v1::ModelInfo* info) override {
+    FillInfo(c_, info);
+    return grpc::Status::OK;
+  }
+
+ private:
+  Config c_;
+  std::atomic<int64_t> fail_left_;
+};
+
 class Service final : public v1::DraftHead::CallbackService {
  public:
   Service(Config c, SlowQueue* slow, int64_t fail_first) : c_(c), slow_(slow), fail_left_(fail_first) {}
@@ -239,19 +283,7 @@ class Service final : public v1::DraftHead::CallbackService {
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
                                          v1::ModelInfo* info) override {
-    info->set_hidden_size(c_.hidden);
-    info->set_vocab_size(c_.vocab);
-    info->set_padded_vocab(c_.vocab);
-    info->set_tp(1);
-    info->set_shard_rows(c_.vocab);
-    info->set_max_rows(c_.max_rows);
-    info->set_max_top_k(c_.max_top_k);
-    info->set_backend("fake");
-    info->set_comm("none");
-    info->add_heads(v1::FP8_TWIN);
-    info->add_heads(v1::BF16_EXACT);
-    info->set_weights("toy: y[m,n] = x[m, n mod K] * (1 + (n div K) / 4)");
-    info->set_version("drafthead-fake-server 1");
+    FillInfo(c_, info);
     auto* r = ctx->DefaultReactor();
     r->Finish(grpc::Status::OK);
     return r;
@@ -380,11 +412,21 @@ int Main() {
     std::cerr << "fake-server: --hidden-size, --vocab-size and --max-rows must be > 0\n";
     return kExitUsage;
   }
+  const std::string api = absl::GetFlag(FLAGS_api);
+  if (api != "callback" && api != "sync") {
+    std::cerr << "fake-server: --api must be callback or sync, not " << api << "\n";
+    return kExitUsage;
+  }
+  if (api == "sync" && absl::GetFlag(FLAGS_delay_us) > 0) {
+    std::cerr << "fake-server: --delay-us needs --api=callback\n";
+    return kExitUsage;
+  }
   std::unique_ptr<SlowQueue> slow;
   if (absl::GetFlag(FLAGS_delay_us) > 0) {
     slow = std::make_unique<SlowQueue>(std::max(1, absl::GetFlag(FLAGS_workers)), absl::GetFlag(FLAGS_delay_us));
   }
   Service service(c, slow.get(), absl::GetFlag(FLAGS_fail_first));
+  SyncService sync_service(c, absl::GetFlag(FLAGS_fail_first));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -398,7 +440,11 @@ int Main() {
   }
   int port = 0;
   b.AddListeningPort(absl::GetFlag(FLAGS_listen), creds, &port);
-  b.RegisterService(&service);
+  if (api == "sync") {
+    b.RegisterService(&sync_service);
+  } else {
+    b.RegisterService(&service);
+  }
   b.SetMaxReceiveMessageSize(64 << 20);
   b.SetMaxSendMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();

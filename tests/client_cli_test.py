@@ -111,6 +111,32 @@ class CliTest(unittest.TestCase):
         self.assertEqual(t["token_ids"][1].shape, (12, 3))
         np.testing.assert_array_equal(t["token_ids"][1][:, 0], toy_logits(bf16_bits(x), V).argmax(1))
 
+    def test_fake_server_sync_api(self):
+        # --api=sync (the gRPC floor's other server API): the same answers and the load tester's
+        # unary calls; streams are not served there, and --delay-us is refused.
+        with Child([f"--hidden-size={K}", f"--vocab-size={V}", "--max-rows=8", "--api=sync"]) as s:
+            rng = np.random.default_rng(9)
+            x = rng.standard_normal((3, K)).astype(np.float32)
+            hid = self.path("hsync.safetensors")
+            write_safetensors(hid, {"x": ("F32", x)})
+            out = self.path("osync.safetensors")
+            run(["logits", f"--target={s.target}", f"--hidden={hid}", "--tensor=x", "--mode=full", "--dtype=fp32",
+                 f"--out={out}"])
+            np.testing.assert_array_equal(read_safetensors(out)["logits"][1], toy_logits(bf16_bits(x), V))
+            j = self.path("sync.json")
+            run(["load", f"--target={s.target}", "--rows=2", "--mode=argmax", "-n", "50", "-z", "20s",
+                 f"--json={j}", "--quiet"])
+            r = json.load(open(j))["runs"][0]
+            self.assertEqual((r["ok"], r["errors"]), (50, 0))
+            j2 = self.path("sync_stream.json")
+            run(["load", f"--target={s.target}", "--rows=2", "--mode=argmax", "--stream", "-n", "5", "-z", "20s",
+                 f"--json={j2}", "--quiet"], check=False)
+            self.assertEqual(json.load(open(j2))["runs"][0]["ok"], 0)  # StreamLogits: UNIMPLEMENTED
+        from client_test_util import FAKE
+        p = subprocess.run([FAKE, "--api=sync", "--delay-us=10"], capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--delay-us needs --api=callback", p.stderr)
+
     def test_logits_bad_input(self):
         bad = self.path("bad.safetensors")
         with open(bad, "wb") as f:

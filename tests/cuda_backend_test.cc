@@ -379,6 +379,81 @@ TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
   }
 }
 
+// The engine's overlap (BatchLoop's ahead): while a batch is on the device, its while_running
+// writes the next batch's rows into the upload buffer. Every batch of a chain so written must
+// equal the same batch run alone: the rows are written only after the step's H2D read them (a
+// race would mix two batches' rows), graphs on (the H2D inside the graph) and off.
+TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  for (bool graphs : {true, false}) {
+    BackendOptions opt;
+    opt.device = 0;
+    opt.cuda_graphs = graphs;
+    opt.max_rows = 64;
+    auto be = MakeCudaBackend(opt, 0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    ShardWeights w = host;
+    ASSERT_TRUE((*be)->Load(std::move(w)).ok());
+    const std::vector<RowTask> shapes = {Task(RowMode::kTopK, RowHead::kFp8Twin, 8),
+                                         Task(RowMode::kArgmax, RowHead::kFp8Twin),
+                                         Task(RowMode::kFullLogits, RowHead::kFp8Twin)};
+    struct B {
+      std::vector<RowTask> tasks;
+      std::vector<uint16_t> x;
+      std::vector<uint8_t> alone;
+    };
+    std::vector<B> chain;
+    for (int b = 0; b < 12; ++b) {
+      B c;
+      const int rows = 1 + (b * 7) % 9;  // 1..9 rows, the shapes (and graphs) changing
+      for (int i = 0; i < rows; ++i) c.tasks.push_back(shapes[(b + i) % shapes.size()]);
+      c.x.resize(static_cast<size_t>(rows) * K);
+      for (size_t i = 0; i < c.x.size(); ++i) c.x[i] = FloatToBf16(Gauss(100 + b, i));
+      c.alone = RunPayload(**be, c.tasks, c.x, S);
+      chain.push_back(std::move(c));
+    }
+    auto ctl_of = [](const B& c) {
+      BatchControl ctl{};
+      ctl.rows = static_cast<uint32_t>(c.tasks.size());
+      for (size_t i = 0; i < c.tasks.size(); ++i) ctl.tasks[i] = c.tasks[i];
+      return ctl;
+    };
+    uint16_t* in = (*be)->InputRows(static_cast<uint32_t>(chain[0].tasks.size()));
+    ASSERT_NE(in, nullptr);
+    std::memcpy(in, chain[0].x.data(), chain[0].x.size() * 2);
+    for (size_t b = 0; b < chain.size(); ++b) {
+      const BatchControl ctl = ctl_of(chain[b]);
+      int calls = 0;
+      uint16_t* next_in = nullptr;
+      auto out = (*be)->Run(ctl, in, MemorySpace::kHost, [&] {
+        ++calls;
+        if (b + 1 == chain.size()) return;
+        next_in = (*be)->InputRows(static_cast<uint32_t>(chain[b + 1].tasks.size()));
+        ASSERT_NE(next_in, nullptr);
+        std::memcpy(next_in, chain[b + 1].x.data(), chain[b + 1].x.size() * 2);
+      });
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(calls, 1);
+      // Each row's answer bytes (not the blocks' alignment padding, which no kernel writes).
+      const auto* p = static_cast<const uint8_t*>(*out);
+      const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, S);
+      for (uint32_t i = 0; i < ctl.rows; ++i) {
+        const RowTask& t = ctl.tasks[i];
+        const size_t answer = t.mode == RowMode::kFullLogits
+                                  ? static_cast<size_t>(S) * 4
+                                  : sizeof(SoftmaxPartial) + t.k * sizeof(Candidate);
+        const size_t off = layout.row_offset[i];
+        ASSERT_LE(off + answer, chain[b].alone.size());
+        EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[b].alone.begin() + off))
+            << "batch " << b << " row " << i << ", graphs " << graphs;
+      }
+      in = next_in;
+    }
+  }
+}
+
 TEST(CudaBackend, RefusesAMissingDevice) {
   DH_SKIP_WITHOUT_GPU();
   BackendOptions opt;

@@ -42,9 +42,15 @@ struct Group {
 // Wraps rank 0's collective (tests that hold the engine at a known point); identity by default.
 using WrapCollective = std::function<std::unique_ptr<Collective>(std::unique_ptr<Collective>)>;
 
+void StartLoop(Group& g) {
+  g.loop_thread = std::thread([p = &g] { p->loop_status = p->loop->Run(); });
+}
+
+// start_loop false: the batcher queues, and nothing runs, until StartLoop.
 std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, int64_t k, int tp,
                                   int64_t vocab, bool keep_bf16, uint32_t max_rows = 64,
-                                  BatcherOptions bopts = {}, const WrapCollective& wrap0 = nullptr) {
+                                  BatcherOptions bopts = {}, const WrapCollective& wrap0 = nullptr,
+                                  bool start_loop = true) {
   auto g = std::make_unique<Group>();
   auto shared = std::make_shared<InProcGroup>(tp);
   EngineOptions eo;
@@ -72,7 +78,7 @@ std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, 
   bopts.max_rows = max_rows;
   g->batcher = std::make_unique<Batcher>(bopts);
   g->loop = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr);
-  g->loop_thread = std::thread([p = g.get()] { p->loop_status = p->loop->Run(); });
+  if (start_loop) StartLoop(*g);
   g->limits.hidden = k;
   g->limits.vocab_size = vocab;
   g->limits.max_rows = max_rows;
@@ -266,6 +272,49 @@ TEST(EngineTest, BatchedRequestsEqualTheSameRequestsAlone) {
     EXPECT_EQ(b.resp.rows(), reqs[i].rows());
   }
   EXPECT_GT(max_batch, 5u) << "concurrent requests should have been batched together";
+}
+
+// The engine's overlap: alone (tp = 1), while a batch computes the loop takes the next ready batch
+// and writes its rows (BatchLoop's ahead). A backlog queued before the loop starts makes batches
+// of at most 8 rows, each taken ahead of its predecessor's end; every answer equals the same
+// request alone. In a group (tp = 2) nothing is taken ahead (the rows would go into the broadcast
+// buffer) and the answers are the same.
+TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
+  const int64_t rows = 300, k = 64;
+  const auto w = ref::RandomBf16(rows * k, 31, 0.05);
+  for (int tp : {1, 2}) {
+    auto g = StartGroup(w, rows, k, tp, rows, false, 8, {}, nullptr, /*start_loop=*/false);
+    std::vector<v1::LogitsRequest> reqs;
+    for (int i = 0; i < 24; ++i) {
+      const int m = 1 + i % 4;
+      auto r = MakeRequest(ref::RandomBf16(m * k, 500 + i), m, static_cast<v1::Mode>(i % 4));
+      r.set_top_k(3);
+      r.set_temperature(0.8f);
+      r.set_seed(i);
+      reqs.push_back(r);
+    }
+    std::vector<std::future<Result>> futs;
+    for (const auto& r : reqs) futs.push_back(Submit(*g, r));
+    StartLoop(*g);
+    std::vector<Result> batched;
+    for (auto& f : futs) batched.push_back(f.get());
+    const uint64_t ahead = g->loop->batches_taken_ahead();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Result alone = Submit(*g, reqs[i]).get();
+      ASSERT_TRUE(batched[i].status.ok()) << batched[i].status;
+      ASSERT_TRUE(alone.status.ok()) << alone.status;
+      EXPECT_EQ(batched[i].resp.logits(), alone.resp.logits()) << "tp " << tp << ", request " << i;
+      EXPECT_EQ(std::vector<int32_t>(batched[i].resp.token_ids().begin(), batched[i].resp.token_ids().end()),
+                std::vector<int32_t>(alone.resp.token_ids().begin(), alone.resp.token_ids().end()))
+          << "tp " << tp << ", request " << i;
+    }
+    if (tp == 1) {
+      // 60 rows in batches of <= 8: every batch after the first was ready before its predecessor ended.
+      EXPECT_GE(ahead, 7u);
+    } else {
+      EXPECT_EQ(ahead, 0u);
+    }
+  }
 }
 
 // The broadcast frame is agreed a step ahead (wire_format.h): batches that grow past it (a

@@ -1,22 +1,25 @@
 #!/bin/bash
-# Issue 22's engine table in one device command: the CUDA backend with captured graphs
-# (--cuda-graphs=true, the default) against eager launches (false), two tp=1 --comm=nccl servers
-# (full vocabulary, synthetic weights) on the one GPU, measured alternately in ROUNDS rounds so
-# both see the same machine. Only one server has work at a time (no time slicing between them).
-# Here: `bench/gpu/bundle.sh`; on the GPU machine, from the repository root (carry `bundle-gpu`):
+# Issue 22's engine table in one device command: one server flag on against off, two tp=1
+# --comm=nccl servers (full vocabulary, synthetic weights) on the one GPU, measured alternately in
+# ROUNDS rounds so both see the same machine. Only one server has work at a time (no time slicing
+# between them). FLAG (default cuda-graphs): --cuda-graphs (captured graphs vs eager launches) or
+# --take-ahead (the next batch prepared during one vs after it). Here: `bench/gpu/bundle.sh`; on the
+# GPU machine, from the repository root (carry `bundle-gpu`):
 #
-#   ROUNDS=2 SECS=2 bash bench/gpu/engine.sh
+#   ROUNDS=2 SECS=2 [FLAG=take-ahead] bash bench/gpu/engine.sh
 #
 # Points: gRPC unary c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=64 TOP_K k=8 (one batch of 64 rows);
-# c=64 M=5 TOP_K (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX. Columns are
+# c=64 M=5 TOP_K (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX, c=64 M=5
+# TOP_K (one lane of depth 64). Columns are
 # p50s in us (stages: the server's own, device events for h2d / gemv / epilogue / d2h). Then each
-# server's drafthead_graph_batches_total against its batches (graphs really replayed).
+# server's drafthead_graph_batches_total and drafthead_ahead_batches_total against its batches.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/env.sh
 srv=$DH/bin/server/drafthead-server
 cli=$DH/bin/client/drafthead-client
 secs=${SECS:-2}
+flag_name=${FLAG:-cuda-graphs}
 rounds=${ROUNDS:-2}
 tmp=$(mktemp -d)
 source bench/serving_lib.sh
@@ -35,7 +38,7 @@ for g in on off; do
   flag=true; [ $g = off ] && flag=false
   mports[$g]=$(port_pick)
   serve "$srv" "$tmp/$g.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system --lanes=4 --max-rows=64 \
-    --cuda-graphs=$flag --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
+    --$flag_name=$flag --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
   ports[$g]=$port
   pids[$g]=$pid
 done
@@ -45,35 +48,38 @@ for ((r = 0; r < rounds; ++r)); do
   for spec in "grpc M=5 TOP_K|--rows=5 --mode=topk --k=8" "grpc M=1 ARGMAX|--rows=1 --mode=argmax" \
               "grpc M=64 TOP_K|--rows=64 --mode=topk --k=8" \
               "grpc c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --concurrency=64 --connections=4" \
-              "lane M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm" "lane M=1 ARGMAX|--rows=1 --mode=argmax --lane=shm"; do
+              "lane M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm" "lane M=1 ARGMAX|--rows=1 --mode=argmax --lane=shm" \
+              "lane c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm --concurrency=64"; do
     label=${spec%%|*}
     flags=${spec#*|}
     for g in on off; do
       port=${ports[$g]}
       # shellcheck disable=SC2086
-      point "$label, graphs $g (round $r)" $flags --duration=${secs}s
-      echo "$label|$g|$p50" >>"$tmp/p50.txt"
+      point "$label, --$flag_name $g (round $r)" $flags --duration=${secs}s
+      rps=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['runs'][0]['rows_per_s'])" "$tmp/point.json" 2>/dev/null || echo nan)
+      echo "$label|$g|$p50|$rps" >>"$tmp/p50.txt"
     done
   done
 done
 
-echo; echo "### Medians over the rounds: graphs on / off"
+echo; echo "### Medians over the rounds: --$flag_name on / off"
 python3 - "$tmp/p50.txt" <<'PY'
 import statistics, sys
 v = {}
 for line in open(sys.argv[1]):
-    label, g, p = line.rstrip('\n').split('|')
-    v.setdefault(label, {}).setdefault(g, []).append(float(p))
-print("| point | graphs on p50 us | graphs off p50 us | on / off |")
-print("| --- | --- | --- | --- |")
+    label, g, p, rps = line.rstrip('\n').split('|')
+    v.setdefault(label, {}).setdefault(g, []).append((float(p), float(rps)))
+print("| point | on p50 us | off p50 us | on / off | on rows/s | off rows/s | on / off |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
 for label, d in v.items():
-    a, b = statistics.median(d['on']), statistics.median(d['off'])
-    print(f"| {label} | {a:.1f} | {b:.1f} | {a / b:.3f} |")
+    a, b = (statistics.median(x[0] for x in d[k]) for k in ('on', 'off'))
+    ra, rb = (statistics.median(x[1] for x in d[k]) for k in ('on', 'off'))
+    print(f"| {label} | {a:.1f} | {b:.1f} | {a / b:.3f} | {ra:.0f} | {rb:.0f} | {ra / rb:.3f} |")
 PY
 
-echo; echo "### Batches replayed from a graph (drafthead_graph_batches_total / drafthead_batches_total)"
+echo; echo "### Batches replayed from a graph / taken ahead (drafthead_graph_batches_total, drafthead_ahead_batches_total / drafthead_batches_total)"
 for g in on off; do
   m=$(curl -s "http://127.0.0.1:${mports[$g]}/metrics" 2>/dev/null || python3 -c "import urllib.request,sys; print(urllib.request.urlopen('http://127.0.0.1:${mports[$g]}/metrics').read().decode())")
-  echo "graphs $g: $(echo "$m" | grep -E '^drafthead_(graph_)?batches_total ' | tr '\n' ' ')"
+  echo "--$flag_name $g: $(echo "$m" | grep -E '^drafthead_(graph_|ahead_)?batches_total ' | tr '\n' ' ')"
 done
 grep -h "cuda_graph_capture_failed\|stage_timing_unavailable" "$tmp"/on.log "$tmp"/off.log | head -5

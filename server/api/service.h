@@ -1,6 +1,7 @@
 // The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API. Every RPC validates its
-// request (server/request/request.h), hands it to the Batcher and completes from the engine thread; no
-// handler blocks. absl::Status is converted to grpc::Status here and only here.
+// request (server/request/request.h), hands it to the Batcher and is completed by whoever answers
+// the batch (the batch loop, the completer, or its own thread in an inline run); no handler blocks.
+// absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
 //

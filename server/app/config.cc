@@ -44,6 +44,9 @@ ABSL_FLAG(bool, keep_bf16, false, "Keep the bf16 head too, to serve Head BF16_EX
 ABSL_FLAG(bool, cuda_graphs, true,
           "CUDA backend: replay one captured CUDA graph per batch shape instead of launching each "
           "copy and kernel (false: eager launches)");
+ABSL_FLAG(bool, take_ahead, true,
+          "Alone (tp = 1): while a batch is on the device, take the next ready batch and write its "
+          "rows into the upload buffer (false: take each batch once the last one is done)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -135,6 +138,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.requested_device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);
   if (c.backend_options.threads < 0) return Bad("--threads must be >= 0 (0: hardware threads / ranks on this host)");
   const std::string isa = absl::GetFlag(FLAGS_isa);

@@ -53,6 +53,7 @@ struct ServerConfig {
   // to ChooseDevice's one answer before anything touches a GPU.
   BackendOptions backend_options;
   EngineOptions engine;            // op/load timeouts, max_rows
+  bool take_ahead = true;          // --take-ahead: BatchLoop prepares the next batch during one
 
   // ---- Rank 0's front.
   std::string listen;          // gRPC HOST:PORT or unix:PATH (CheckListenAddress)

@@ -7,6 +7,7 @@
 // device on every call). Failure: statuses, never exceptions or aborts.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,11 +50,20 @@ class ComputeBackend {
   // Computes this rank's payload for ctl.rows rows of x (bf16 bits [rows, K], host memory) in the
   // layout MakePayloadLayout(ctl.tasks, rows, S) gives. The result lives in a backend-owned buffer
   // in `space` (kDevice only for backends with device memory), valid until the next Run.
+  // `while_running` (may be empty) is the caller's work to overlap with the device's: Run calls it
+  // once, on the calling thread, after the batch stopped reading x and the InputRows buffer (the
+  // next batch's rows may be written there meanwhile) and before it waits for the device; a
+  // backend without a device calls it once the payload is computed. Not called when Run fails first.
   virtual absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
-                                          MemorySpace space) = 0;
+                                          MemorySpace space,
+                                          const std::function<void()>& while_running) = 0;
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space) {
+    return Run(ctl, x, space, nullptr);
+  }
   // Where the next Run's x (bf16 [rows, K]) may be written so that Run, given this pointer, need not
   // copy it again (the CUDA backend's pinned upload buffer); valid until the next Run or InputRows.
-  // nullptr: no such buffer (Run copies or reads x where it is).
+  // During a Run (from its while_running) it never moves the buffers the Run uses: nullptr when the
+  // rows do not fit them. nullptr: no such buffer (Run copies or reads x where it is).
   virtual uint16_t* InputRows(uint32_t rows) { (void)rows; return nullptr; }
   // The last successful Run's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;

@@ -57,8 +57,8 @@ class CpuBackend : public ComputeBackend {
     return rep;
   }
 
-  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
-                                  MemorySpace space) override {
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space,
+                                  const std::function<void()>& while_running) override {
     if (space != MemorySpace::kHost)
       return absl::InvalidArgumentError("cpu backend: payloads live in host memory");
     const ShardGeometry& g = w_.geo;
@@ -141,6 +141,8 @@ class CpuBackend : public ComputeBackend {
     times_ = StageTimes{};
     times_.gemv_us = MicrosBetween(t0, t1);
     times_.epilogue_us = MicrosBetween(t1, std::chrono::steady_clock::now());
+    // No device to overlap with: the caller's work runs after the batch, as the contract allows.
+    if (while_running) while_running();
     return static_cast<const void*>(payload_.data());
   }
 

@@ -8,7 +8,7 @@
 // (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
 // back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly).
 //
-// Threads: one caller at a time (the rank's engine thread); every entry point makes the backend's
+// Threads: one caller at a time (whoever drives the rank's engine); every entry point makes the
 // device current first, so the caller need not. Failure: absl::Status naming the failing
 // statement, file:line and rank; a failed CUDA call may leave the device unusable (sticky
 // errors), so the engine should treat a non-OK Run as fatal for the rank.
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <unordered_map>
@@ -161,8 +162,8 @@ class CudaBackend : public ComputeBackend {
     return rep;
   }
 
-  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
-                                  MemorySpace space) override {
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space,
+                                  const std::function<void()>& while_running) override {
     if (!loaded_) return absl::FailedPreconditionError("cuda backend: Run before Load");
     DH_CUDA_CHECK(cudaSetDevice(device_));
     const int rows = static_cast<int>(ctl.rows);
@@ -229,6 +230,14 @@ class CudaBackend : public ComputeBackend {
     step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
     bool graphed = false;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &graphed));
+    if (while_running) {
+      // The upload buffer is free once the step's H2D is done (the GEMV reads its device copy):
+      // the caller may write the next batch's rows there while the GEMV and epilogue run.
+      DH_CUDA_CHECK(cudaEventSynchronize(events_[1]));
+      in_run_ = true;
+      while_running();
+      in_run_ = false;
+    }
     // Synchronous at the end (the one wait of the batch): the staging buffers are reused by the
     // next Run, and a collective on another stream may read the payload next (collective.h: device
     // buffers must be complete before a collective call).
@@ -257,6 +266,7 @@ class CudaBackend : public ComputeBackend {
 
   uint16_t* InputRows(uint32_t rows) override {
     if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
+    if (in_run_ && static_cast<int>(rows) > reserved_rows_) return nullptr;  // would move the Run's buffers
     if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok()) {
       (void)cudaGetLastError();
       return nullptr;  // Run reports the failure
@@ -414,6 +424,7 @@ class CudaBackend : public ComputeBackend {
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
     const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayload_.p, escratch_.p};
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
+    reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
   }
 
@@ -435,6 +446,8 @@ class CudaBackend : public ComputeBackend {
   static constexpr size_t kMaxGraphs = 256;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool timing_warned_ = false;
+  bool in_run_ = false;     // Run is in its while_running (InputRows must not reallocate)
+  int reserved_rows_ = 0;   // the rows every work buffer holds (ReserveWork)
   unsigned record_flags_ = cudaEventRecordDefault;  // cudaEventRecordExternal while capturing
   StageTimes times_;
 };

@@ -84,10 +84,13 @@ absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeou
 
 absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
                                                          const uint16_t* x, void* recv,
-                                                         StageTimes* times) {
+                                                         StageTimes* times,
+                                                         const std::function<void()>& while_running) {
   // Alone, the payload is read on the host at once: the backend's one download serves.
   const MemorySpace space = world() == 1 ? MemorySpace::kHost : space_;
-  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space));
+  // In a group, msg_ (where the next rows would go) is the broadcast buffer: no overlap there.
+  DH_ASSIGN_OR_RETURN(const void* payload,
+                      backend_->Run(ctl, x, space, world() == 1 ? while_running : nullptr));
   const StageTimes b = backend_->stage_times();
   times->h2d_us = b.h2d_us;
   times->gemv_us = b.gemv_us;
@@ -101,8 +104,8 @@ absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl
   return static_cast<const void*>(recv);
 }
 
-absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ctl,
-                                                          const uint16_t* x) {
+absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
+    const BatchControl& ctl, const uint16_t* x, const std::function<void()>& while_running) {
   const uint32_t rows = ctl.rows;
   if (rows == 0 || rows > static_cast<uint32_t>(opts_.max_rows))
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows"));
@@ -125,7 +128,7 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(const BatchControl& ct
     DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout_.bytes(), space_));
     post_us = MicrosSince(t1);
   }
-  DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
+  DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages, while_running));
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (world() > 1 && space_ == MemorySpace::kDevice) {
     const auto t1 = Clock::now();
@@ -170,7 +173,7 @@ absl::Status RankEngine::RunWorker() {
     layout_ = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
     const auto* x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
     StageTimes unused;
-    DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused).status());
+    DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused, nullptr).status());
   }
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,13 +77,17 @@ class RankEngine {
   // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K] (HiddenRowsFor's buffer or any
   // other). Returns every rank's payload back to back (world * per_rank_bytes), per
   // MakePayloadLayout(ctl.tasks, rows, S), valid until the next batch.
+  // `while_running` (may be empty; alone only, at tp > 1 it is not called): the caller's work
+  // while the batch is on the device (ComputeBackend::Run), which may call HiddenRowsFor and write
+  // the next batch's rows there: the batch in flight no longer reads them.
   struct Gathered {
     const uint8_t* data = nullptr;
     size_t per_rank_bytes = 0;
     const PayloadLayout* layout = nullptr;  // the batch's row offsets, valid until the next batch
     StageTimes stages;                      // where the batch's time went
   };
-  absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x);
+  absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x,
+                                    const std::function<void()>& while_running = nullptr);
   absl::Status Heartbeat();
   absl::Status Shutdown();
 
@@ -98,7 +103,8 @@ class RankEngine {
   absl::Status BroadcastMessage(std::chrono::milliseconds first_timeout);
   // This rank's payload of the batch in msg_, gathered to rank 0 (recv; nullptr elsewhere).
   absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
-                                               void* recv, StageTimes* times);
+                                               void* recv, StageTimes* times,
+                                               const std::function<void()>& while_running);
 
   std::unique_ptr<Collective> comm_;
   std::unique_ptr<ComputeBackend> backend_;

@@ -1,6 +1,7 @@
 #include "server/sched/batch_loop.h"
 
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -8,8 +9,12 @@
 namespace drafthead {
 
 BatchLoop::BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
-               std::function<void(const absl::Status&)> on_failure)
-    : engine_(engine), batcher_(batcher), metrics_(metrics), on_failure_(std::move(on_failure)) {}
+                     std::function<void(const absl::Status&)> on_failure, bool take_ahead)
+    : engine_(engine),
+      batcher_(batcher),
+      metrics_(metrics),
+      on_failure_(std::move(on_failure)),
+      take_ahead_(take_ahead) {}
 
 void BatchLoop::Stop() { stopping_ = true; }
 
@@ -22,7 +27,8 @@ bool BatchLoop::TryRunInline(BatchItem& item) {
   }
   inline_batch_.clear();
   inline_batch_.push_back(std::move(item));
-  if (absl::Status s = RunOne(inline_batch_); !s.ok()) Fail(s).IgnoreError();
+  const uint16_t* x = Prepare(inline_batch_, ctl_[0]);
+  if (absl::Status s = RunOne(inline_batch_, ctl_[0], x, nullptr); !s.ok()) Fail(s).IgnoreError();
   inline_batch_.clear();
   engine_mu_.Unlock();
   return true;
@@ -49,22 +55,28 @@ void BatchLoop::FailInFlight(const absl::Status& status) {
   for (auto& f : fail) f(status, nullptr);
 }
 
-absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
+const uint16_t* BatchLoop::Prepare(const std::vector<BatchItem>& batch, BatchControl& ctl) {
   const int64_t K = engine_.geometry().hidden;
   uint32_t rows = 0;
   for (const auto& it : batch) rows += it.req->rows;
-  ctl_.rows = rows;
+  ctl.rows = rows;
   // The rows go straight into the message the engine broadcasts (and the GEMV reads on rank 0).
   uint16_t* x = engine_.HiddenRowsFor(rows);
   uint32_t r = 0;
   for (const auto& it : batch) {
     for (uint32_t i = 0; i < it.req->rows; ++i) {
-      ctl_.tasks[r + i] = it.req->task;
-      ctl_.tasks[r + i].row_in_request = i;
+      ctl.tasks[r + i] = it.req->task;
+      ctl.tasks[r + i].row_in_request = i;
     }
     std::memcpy(x + static_cast<size_t>(r) * K, it.req->x.data(), it.req->x.size() * 2);
     r += it.req->rows;
   }
+  return x;
+}
+
+absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch, const BatchControl& ctl,
+                               const uint16_t* x, Ahead* ahead) {
+  const uint32_t rows = ctl.rows;
   {
     absl::MutexLock l(&inflight_mu_);
     inflight_ = &batch;
@@ -73,7 +85,22 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   if (metrics_)
     for (const auto& it : batch)
       metrics_->RecordCallerWait(it.caller.cls, std::chrono::duration<double>(t0 - it.enqueued).count());
-  auto gathered = engine_.RunBatch(ctl_, x);
+  // While this batch is on the device, the next one (if one is ready) is taken and its rows
+  // written, so that the device waits only for its launch.
+  std::function<void()> take_ahead;
+  if (ahead != nullptr && take_ahead_) {
+    take_ahead = [this, ahead, &ctl] {
+      engine_mu_.AssertHeld();  // called inside RunBatch, on this thread
+      ahead->batch = batcher_.TakeReady();
+      if (ahead->batch.empty()) return;
+      BatchControl& other = &ctl == &ctl_[0] ? ctl_[1] : ctl_[0];
+      ahead->ctl = &other;
+      ahead->x = Prepare(ahead->batch, other);
+      if (metrics_) metrics_->CountBatchTakenAhead();
+      ++taken_ahead_;
+    };
+  }
+  auto gathered = engine_.RunBatch(ctl, x, take_ahead);
   const auto t1 = Clock::now();
   bool claimed;
   {
@@ -102,7 +129,8 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch) {
   result.stages = gathered->stages;
   // Pipelined under load: while requests wait, the completer answers this batch and the engine
   // goes on to the next at once. Alone (c = 1), answering here saves the hand-off.
-  if (completer_->Busy() || batcher_.queued_requests() > 0) {
+  const bool more = (ahead != nullptr && !ahead->batch.empty()) || batcher_.queued_requests() > 0;
+  if (completer_->Busy() || more) {
     completer_->Submit(std::move(batch), result, t0);
   } else {
     AnswerBatch(batch, result, t0);
@@ -130,11 +158,22 @@ absl::Status BatchLoop::Run() {
     open_ = true;
   }
   batcher_.SetInlineRunner(this);
+  Ahead ahead;  // the next batch, taken and written while the last one ran
   for (;;) {
     const bool stopping = stopping_.load();
     // Idle for a heartbeat period: beat, so the workers know rank 0 is alive.
     const auto idle_wait = stopping ? std::chrono::milliseconds(0) : kHeartbeatPeriod;
-    std::vector<BatchItem> batch = batcher_.Take(idle_wait);
+    std::vector<BatchItem> batch;
+    const BatchControl* ctl = nullptr;
+    const uint16_t* x = nullptr;
+    if (!ahead.batch.empty()) {
+      batch = std::move(ahead.batch);
+      ahead.batch.clear();
+      ctl = ahead.ctl;
+      x = ahead.x;
+    } else {
+      batch = batcher_.Take(idle_wait);
+    }
     if (metrics_) {
       metrics_->SetQueueDepth(batcher_.queued_rows(),
                               static_cast<uint32_t>(batcher_.queued_requests()));
@@ -151,7 +190,11 @@ absl::Status BatchLoop::Run() {
     }
     absl::Status s;
     if (!batch.empty()) {
-      s = RunOne(batch);
+      if (x == nullptr) {
+        ctl = &ctl_[0];
+        x = Prepare(batch, ctl_[0]);
+      }
+      s = RunOne(batch, *ctl, x, &ahead);
     } else if (stopping && batcher_.queued_requests() == 0) {
       open_ = false;
       s = engine_.Shutdown();
@@ -160,7 +203,11 @@ absl::Status BatchLoop::Run() {
     } else {
       s = engine_.Heartbeat();
     }
-    if (!s.ok()) return Fail(s);
+    if (!s.ok()) {
+      const absl::Status failed = Fail(s);
+      for (auto& it : ahead.batch) it.done(failed, nullptr);  // taken, never to run
+      return failed;
+    }
   }
 }
 

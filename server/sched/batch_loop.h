@@ -1,6 +1,6 @@
-// Rank 0's batch loop (the engine thread): takes batches from the Batcher, runs them across the
+// Rank 0's batch loop (its own thread): takes batches from the Batcher, runs them across the
 // group through the RankEngine and completes each request with its share of the gathered payload:
-// on the engine thread when nothing else waits, else on the Completer's thread (completer.h) while
+// on the driving thread when nothing else waits, else on the Completer's thread (completer.h) while
 // the engine runs the next batch. While idle it beats the group's heartbeat. On a group failure it
 // fails everything pending and queued with UNAVAILABLE, closes the batcher and reports through
 // on_failure (once); on Stop it drains the queue first.
@@ -8,6 +8,10 @@
 // on the submitting (RPC) thread (TryRunInline), so at low load no thread wakes to run it; under
 // load requests queue and batch as before. One engine lock makes whoever drives the engine
 // (Run's thread or an RPC thread) the only caller of the RankEngine and the Completer at a time.
+//
+// Ahead: while a batch is on the device (alone: tp = 1), Run takes the next ready batch
+// (Batcher::TakeReady) and writes its rows into the backend's upload buffer, so the device waits
+// only for the next launch; that batch is in hand, so nothing runs inline ahead of it.
 //
 // Threads: Run on one dedicated thread; Stop, FailInFlight and TryRunInline from any thread.
 #pragma once
@@ -30,8 +34,9 @@ namespace drafthead {
 
 class BatchLoop : public InlineRunner {
  public:
+  // take_ahead false: no batch is taken while another runs (--take-ahead=false, for comparison).
   BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
-         std::function<void(const absl::Status&)> on_failure);
+            std::function<void(const absl::Status&)> on_failure, bool take_ahead = true);
 
   // Serves until Stop (drains the queue, shuts the workers down: returns OK) or a group failure
   // (returns it).
@@ -42,9 +47,22 @@ class BatchLoop : public InlineRunner {
   void FailInFlight(const absl::Status& status);
   // InlineRunner: runs `item` now if Run serves, the engine is free and the loop is not stopping.
   bool TryRunInline(BatchItem& item) override;
+  // Batches Run took and wrote while the one before them computed (tests, metrics).
+  uint64_t batches_taken_ahead() const { return taken_ahead_.load(); }
 
  private:
-  absl::Status RunOne(std::vector<BatchItem>& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
+  // The next batch, taken and prepared (ctl filled, rows written at x) during the current one.
+  struct Ahead {
+    std::vector<BatchItem> batch;
+    const BatchControl* ctl = nullptr;
+    const uint16_t* x = nullptr;
+  };
+  // Fills ctl with the batch's row tasks and writes its rows where the engine wants them.
+  const uint16_t* Prepare(const std::vector<BatchItem>& batch, BatchControl& ctl)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
+  // Runs the prepared batch and answers it; `ahead` (Run's loop only) receives the next batch.
+  absl::Status RunOne(std::vector<BatchItem>& batch, const BatchControl& ctl, const uint16_t* x,
+                      Ahead* ahead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
   // The group failed: closes the engine to inline runs, fails the batcher, reports once.
   absl::Status Fail(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine_mu_);
 
@@ -52,6 +70,7 @@ class BatchLoop : public InlineRunner {
   Batcher& batcher_;
   Metrics* metrics_;
   std::function<void(const absl::Status&)> on_failure_;
+  const bool take_ahead_;
   std::atomic<bool> stopping_{false};
   absl::Mutex inflight_mu_;
   // The batch now running, until RunOne claims it back to complete it; FailInFlight may take its
@@ -60,7 +79,9 @@ class BatchLoop : public InlineRunner {
   absl::Mutex engine_mu_;  // held by whichever thread drives the engine
   bool open_ ABSL_GUARDED_BY(engine_mu_) = false;  // Run serves and the group has not failed
   absl::Status failed_ ABSL_GUARDED_BY(engine_mu_);
-  BatchControl ctl_ ABSL_GUARDED_BY(engine_mu_);
+  // Two: the batch running and the one prepared ahead of it.
+  BatchControl ctl_[2] ABSL_GUARDED_BY(engine_mu_);
+  std::atomic<uint64_t> taken_ahead_{0};
   std::vector<BatchItem> inline_batch_ ABSL_GUARDED_BY(engine_mu_);  // reused by TryRunInline
   std::unique_ptr<Completer> completer_;  // made by Run (its thread lives while Run serves)
 };

@@ -139,6 +139,17 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
   return batch;
 }
 
+std::vector<BatchItem> Batcher::TakeReady() {
+  {
+    absl::MutexLock l(&mu_);
+    if (requests_ == 0 || !closed_.ok()) return {};
+    if (opts_.max_queue_delay.count() > 0 && !BatchFullOrClosed()) return {};
+  }
+  // Only Submit and Close run meanwhile: the queue can only have grown (Take then returns at once)
+  // or been closed (Take then finds it empty).
+  return Take(std::chrono::milliseconds(0));
+}
+
 void Batcher::BatchStarted() {
   absl::MutexLock l(&mu_);
   in_hand_ = false;

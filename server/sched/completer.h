@@ -1,7 +1,7 @@
 // The batch loop's second stage: answers a finished batch's requests (combining their shards,
-// serializing, handing to gRPC) on its own thread while the engine thread runs the next batch.
+// serializing, handing to gRPC) on its own thread while the batch-loop thread runs the next batch.
 // It takes its own copy of the gathered payload, since the engine reuses its buffers; copies are
-// recycled, so a steady load allocates nothing here. One batch at a time: the engine thread
+// recycled, so a steady load allocates nothing here. One batch at a time: the batch-loop thread
 // computes the next batch meanwhile and then waits for this one to be answered before handing the
 // next over (answers are the product: it runs no further ahead of them than one batch).
 //
