@@ -309,8 +309,8 @@ TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
           << "tp " << tp << ", request " << i;
     }
     if (tp == 1) {
-      // 60 rows in batches of <= 8: every batch after the first was ready before its predecessor ended.
-      EXPECT_GE(ahead, 7u);
+      // 60 rows in batches of <= 8, queued at once: the next batch was full (ready) while most ran.
+      EXPECT_GE(ahead, 5u);
     } else {
       EXPECT_EQ(ahead, 0u);
     }

@@ -45,8 +45,8 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "CUDA backend: replay one captured CUDA graph per batch shape instead of launching each "
           "copy and kernel (false: eager launches)");
 ABSL_FLAG(bool, take_ahead, true,
-          "Alone (tp = 1): while a batch is on the device, take the next ready batch and write its "
-          "rows into the upload buffer (false: take each batch once the last one is done)");
+          "Alone (tp = 1): while a batch is on the device and a full batch waits, take it and write "
+          "its rows into the upload buffer (false: take each batch once the last one is done)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "

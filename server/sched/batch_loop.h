@@ -9,7 +9,7 @@
 // load requests queue and batch as before. One engine lock makes whoever drives the engine
 // (Run's thread or an RPC thread) the only caller of the RankEngine and the Completer at a time.
 //
-// Ahead: while a batch is on the device (alone: tp = 1), Run takes the next ready batch
+// Ahead: while a batch is on the device (alone: tp = 1) and a full batch waits, Run takes it
 // (Batcher::TakeReady) and writes its rows into the backend's upload buffer, so the device waits
 // only for the next launch; that batch is in hand, so nothing runs inline ahead of it.
 //

@@ -142,11 +142,10 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
 std::vector<BatchItem> Batcher::TakeReady() {
   {
     absl::MutexLock l(&mu_);
-    if (requests_ == 0 || !closed_.ok()) return {};
-    if (opts_.max_queue_delay.count() > 0 && !BatchFullOrClosed()) return {};
+    if (requests_ == 0 || !closed_.ok() || !BatchFullOrClosed()) return {};
   }
-  // Only Submit and Close run meanwhile: the queue can only have grown (Take then returns at once)
-  // or been closed (Take then finds it empty).
+  // Only Submit and Close run meanwhile: the queue can only have grown (Take's batching window, if
+  // any, then ends at once: the batch is full) or been closed (Take then finds it empty).
   return Take(std::chrono::milliseconds(0));
 }
 
