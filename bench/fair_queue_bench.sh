@@ -10,7 +10,8 @@
 # TOP_K k=8 unary calls, one channel per in-flight call: 64 callers of one request each, told apart
 # by the server (unary callers are keyed by connection). The idle server waits on its queue.
 # Prints a Markdown table: policy, round, req/s, rows/s, p50 / p99 over all callers, the per-caller
-# p50s' min and max and their ratio, the largest per-caller p99. The target: per-caller p50 max/min
+# p50s' min and max and their ratio, the largest per-caller p99, the 1-minute load average after the
+# point (this machine is shared: other builds show there). The target: per-caller p50 max/min
 # <= 1.10 with fair queueing, and fair's rows/s no lower than fifo's.
 #
 # STREAM=1 drives one StreamLogits stream per caller instead of unary calls.
@@ -44,20 +45,20 @@ for policy in fair fifo; do
 done
 
 echo
-echo "| policy | round | req/s | rows/s | p50 ms | p99 ms | callers | per-caller p50 min / max ms | max/min | per-caller p99 max ms | errors | batch rows p50 |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| policy | round | req/s | rows/s | p50 ms | p99 ms | callers | per-caller p50 min / max ms | max/min | per-caller p99 max ms | errors | batch rows p50 | load avg |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for ((round = 1; round <= rounds; round++)); do
   for policy in fair fifo; do
     out=$tmp/$policy-$round.json
     "$cli" load --target=127.0.0.1:${ports[$policy]} "${load_flags[@]}" --json="$out" --quiet >/dev/null
-    python3 - "$out" "$policy" "$round" <<'PY' | tee -a "$tmp/rows.txt"
+    python3 - "$out" "$policy" "$round" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY' | tee -a "$tmp/rows.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))['runs'][0]
 s, lat = r['callers_summary'], r['latency_us']
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {r['requests_per_s']:.1f} | {r['rows_per_s']:.0f} | "
       f"{lat['p50'] / 1000:.1f} | {lat['p99'] / 1000:.1f} | {s['answered']} of {s['callers']} {s['kind']}s | "
       f"{s['p50_us_min'] / 1000:.1f} / {s['p50_us_max'] / 1000:.1f} | {s['p50_max_over_min']:.3f} | "
-      f"{s['p99_us_max'] / 1000:.1f} | {r['errors']} | {r['batch_rows_p50']:.0f} |")
+      f"{s['p99_us_max'] / 1000:.1f} | {r['errors']} | {r['batch_rows_p50']:.0f} | {sys.argv[4]} |")
 PY
   done
 done
