@@ -36,6 +36,26 @@ std::string StagesP50(const LoadResult& r) {
   return o;
 }
 
+// The spread of the per-caller p50s (us), over callers with an OK answer.
+struct CallerSpread {
+  size_t answered = 0;  // callers with an OK answer
+  double p50_min = 0, p50_max = 0, p99_max = 0;
+  double ratio() const { return p50_min > 0 ? p50_max / p50_min : 0; }
+};
+
+CallerSpread Spread(const LoadResult& r) {
+  CallerSpread s;
+  for (const CallerStats& c : r.callers) {
+    if (c.latency.count() == 0) continue;
+    const double p50 = Us(c.latency.Percentile(0.5)), p99 = Us(c.latency.Percentile(0.99));
+    s.p50_min = s.answered == 0 ? p50 : std::min(s.p50_min, p50);
+    s.p50_max = std::max(s.p50_max, p50);
+    s.p99_max = std::max(s.p99_max, p99);
+    ++s.answered;
+  }
+  return s;
+}
+
 std::string LoopName(const LoadResult& r) { return r.rps_target > 0 ? "open" : "closed"; }
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
@@ -157,6 +177,18 @@ Json ToJson(const LoadReport& rep) {
                             {"p99", Round3(Us(r.send_lag.Percentile(0.99)))},
                             {"max", Round3(Us(r.send_lag.max()))}};
     x["stream_failures"] = r.stream_failures;
+    Json callers = Json::array();
+    for (size_t i = 0; i < r.callers.size(); ++i) {
+      const CallerStats& c = r.callers[i];
+      callers.push_back(Json{{"caller", i}, {"count", c.ok + c.errors}, {"ok", c.ok}, {"errors", c.errors},
+                             {"p50_us", Round3(Us(c.latency.Percentile(0.5)))},
+                             {"p99_us", Round3(Us(c.latency.Percentile(0.99)))}});
+    }
+    x["callers"] = callers;
+    const CallerSpread spread = Spread(r);
+    x["callers_summary"] = Json{{"kind", r.caller_kind}, {"callers", r.callers.size()}, {"answered", spread.answered},
+                                {"p50_us_min", Round3(spread.p50_min)}, {"p50_us_max", Round3(spread.p50_max)},
+                                {"p50_max_over_min", Round3(spread.ratio())}, {"p99_us_max", Round3(spread.p99_max)}};
     x["histogram_relative_error"] = r.latency.RelativeErrorBound();
     Json hist = Json::array();
     for (size_t i = 0; i < r.latency.buckets(); ++i) {
@@ -206,6 +238,12 @@ std::string FormatText(const LoadReport& rep) {
                           Us(r.overhead.Percentile(0.5)), Us(r.overhead.mean()));
     absl::StrAppendFormat(&o, "stages us  p50 %s\n", StagesP50(r));
     absl::StrAppendFormat(&o, "batch_rows p50 %.0f\n", r.batch_rows.Percentile(0.5));
+    if (!r.callers.empty()) {
+      const CallerSpread c = Spread(r);
+      absl::StrAppendFormat(&o, "callers    %d x %s, %d answered: p50 us min %.1f  max %.1f  (max/min %.3f), p99 us max %.1f\n",
+                            static_cast<int>(r.callers.size()), r.caller_kind, static_cast<int>(c.answered), c.p50_min,
+                            c.p50_max, c.ratio(), c.p99_max);
+    }
     if (r.rps_target > 0) {
       absl::StrAppendFormat(&o, "send lag us p50 %.1f  p99 %.1f  max %.1f (sends behind schedule)\n", Us(r.send_lag.Percentile(0.5)),
                             Us(r.send_lag.Percentile(0.99)), Us(r.send_lag.max()));
@@ -275,6 +313,16 @@ std::string ToHtml(const LoadReport& rep) {
     for (int i = 0; i < kTimingStages; ++i)
       absl::StrAppendFormat(&o, "<td>%.1f</td>", r.stage_us[i].Percentile(0.5));
     o += "</tr>\n";
+  }
+  o += "</table>\n<h2>Callers (as the server's fair queue sees them)</h2>\n<table>\n<tr><th>run</th><th>callers</th>"
+       "<th>answered</th><th>p50 us min</th><th>p50 us max</th><th>max/min</th><th>p99 us max</th></tr>\n";
+  for (const LoadResult& r : rep.runs) {
+    const CallerSpread c = Spread(r);
+    absl::StrAppendFormat(&o,
+                          "<tr><td class=\"k\">%s</td><td>%d x %s</td><td>%d</td><td>%.1f</td><td>%.1f</td><td>%.3f</td>"
+                          "<td>%.1f</td></tr>\n",
+                          HtmlEscape(RunTitle(r)), static_cast<int>(r.callers.size()), HtmlEscape(r.caller_kind),
+                          static_cast<int>(c.answered), c.p50_min, c.p50_max, c.ratio(), c.p99_max);
   }
   o += "</table>\n";
   bool any_errors = false;

@@ -46,6 +46,7 @@ struct ThreadStats {
   int64_t last_done = 0;
   std::vector<SecondStats> timeline;
   std::vector<RequestRecord> records;
+  std::vector<CallerStats> callers;  // by caller index; grows once per caller seen
 };
 
 // Owns every thread's stats of the current run. A thread registers (one lock) the first time it
@@ -124,6 +125,7 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // No more messages: half-close once the queue has drained.
   void Close();
   void Cancel() { ctx_.TryCancel(); }
+  size_t index() const { return index_; }  // its caller index
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& s) override;
@@ -166,6 +168,9 @@ class Run {
   // Called by the calls.
   const grpc::ByteBuffer* RequestFor(uint64_t seq) const { return &pool_[seq % pool_.size()]; }
   grpc::GenericStub* Stub(size_t i) { return stubs_[i % stubs_.size()].get(); }
+  // The caller (CallerStats index) of unary call slot `i`: its channel, as the server tells unary
+  // callers apart by connection.
+  size_t UnaryCaller(size_t i) const { return i % stubs_.size(); }
   std::chrono::system_clock::time_point UnaryDeadline() const {
     return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(o_.timeout);
   }
@@ -197,8 +202,8 @@ class Run {
   }
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
 
-  // Records one answer (or failure) of a request sent at `start_ns`.
-  void Record(int64_t start_ns, int64_t done_ns, uint64_t seq, int code, const ScannedResponse& r,
+  // Records one answer (or failure) of a request sent at `start_ns` by caller `caller` (CallerStats).
+  void Record(int64_t start_ns, int64_t done_ns, uint64_t seq, size_t caller, int code, const ScannedResponse& r,
               const std::string* message) {
     completed_.fetch_add(1, std::memory_order_relaxed);
     if (code != 0) errors_.fetch_add(1, std::memory_order_relaxed);
@@ -208,6 +213,14 @@ class Run {
     const int64_t lat = std::max<int64_t>(0, done_ns - start_ns);
     ++t->codes[code];
     if (code != 0 && t->examples[code].empty() && message) t->examples[code] = *message;
+    if (caller >= t->callers.size()) t->callers.resize(caller + 1);
+    CallerStats& cs = t->callers[caller];
+    if (code == 0) {
+      ++cs.ok;
+      cs.latency.Record(static_cast<uint64_t>(lat));
+    } else {
+      ++cs.errors;
+    }
     if (code == 0) {
       ++t->ok;
       const uint32_t rows = r.rows ? r.rows : rows_;  // a server that leaves `rows` unset
@@ -260,7 +273,7 @@ class Run {
       inflight_.fetch_add(1, std::memory_order_acq_rel);
       const uint64_t seq = NextSeq();
       if (!s->Enqueue(now, seq)) {
-        RecordBroken(now, seq);
+        RecordBroken(now, seq, s->index());
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
         s->Close();
       }
@@ -269,9 +282,10 @@ class Run {
     }
   }
   // A request counted as issued that its stream could not take (broken): a failure, not a loss.
-  void RecordBroken(int64_t scheduled_ns, uint64_t seq) {
+  void RecordBroken(int64_t scheduled_ns, uint64_t seq, size_t stream) {
     static const std::string kBroken = "stream broken";
-    Record(scheduled_ns, NowNs(), seq, static_cast<int>(grpc::StatusCode::UNAVAILABLE), ScannedResponse{}, &kBroken);
+    Record(scheduled_ns, NowNs(), seq, stream, static_cast<int>(grpc::StatusCode::UNAVAILABLE), ScannedResponse{},
+           &kBroken);
   }
   void StreamLost(int64_t n) { inflight_.fetch_sub(n, std::memory_order_acq_rel); }
   void StreamEnded(bool failed) {
@@ -299,6 +313,8 @@ class Run {
   std::vector<std::unique_ptr<StreamCall>> streams_;
   std::optional<std::chrono::system_clock::time_point> stream_deadline_;
   bool closed_loop_ = true;
+  size_t callers_ = 0;  // callers the run opened (LoadResult::callers)
+  const char* caller_kind_ = "channel";
   int64_t t0_ = 0, warm_end_ns_ = 0, end_ns_ = INT64_MAX;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> measured_issued_{0};
@@ -333,7 +349,7 @@ void UnaryCall::OnDone(const grpc::Status& s) {
   const std::string status_message = s.ok() ? std::string() : s.error_message();
   const std::string* msg = &status_message;
   if (s.ok()) code = run_->Scan(&response_, false, &r, &msg);
-  run_->Record(start_ns_, now, seq_, code, r, msg);
+  run_->Record(start_ns_, now, seq_, run_->UnaryCaller(index_), code, r, msg);
   run_->UnaryDone(this, now);
 }
 
@@ -411,7 +427,7 @@ void StreamCall::OnReadDone(bool ok) {
   }
   StartRead(&read_buf_);
   if (!matched) return;  // an answer to nothing we sent: ignore (the server broke ordering)
-  run_->Record(p.scheduled_ns, now, p.seq, code, r, msg);
+  run_->Record(p.scheduled_ns, now, p.seq, index_, code, r, msg);
   run_->StreamMessageDone(this, now);
   // The stream was closed (by this reaction, another one, or the open-loop scheduler) while
   // answers were outstanding: the last reaction half-closes it.
@@ -432,7 +448,7 @@ void StreamCall::OnDone(const grpc::Status& s) {
   const int code = s.ok() ? static_cast<int>(grpc::StatusCode::UNAVAILABLE) : static_cast<int>(s.error_code());
   static const std::string kEnded = "stream ended before answering";
   const std::string message = s.ok() ? kEnded : s.error_message();
-  for (const Pending& p : lost) run_->Record(p.scheduled_ns, now, p.seq, code, ScannedResponse{}, &message);
+  for (const Pending& p : lost) run_->Record(p.scheduled_ns, now, p.seq, index_, code, ScannedResponse{}, &message);
   run_->StreamLost(static_cast<int64_t>(lost.size()));
   run_->StreamEnded(!s.ok());
 }
@@ -481,7 +497,7 @@ void Run::OpenLoop() {
     if (o_.stream) {
       StreamCall* s = streams_[next_stream++ % streams_.size()].get();
       if (!s->Enqueue(sched, seq)) {
-        RecordBroken(sched, seq);
+        RecordBroken(sched, seq, s->index());
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
       }
     } else {
@@ -534,7 +550,7 @@ void Run::WaitForQuiet() {
 
 absl::StatusOr<LoadResult> Run::Execute() {
   if (pool_.empty()) return absl::InvalidArgumentError("no requests to send");
-  if (o_.connections < 1) return absl::InvalidArgumentError("--connections must be >= 1");
+  if (o_.connections < 0) return absl::InvalidArgumentError("--connections must be >= 0 (0: one per caller)");
   if (o_.rps < 0 || !std::isfinite(o_.rps)) return absl::InvalidArgumentError("--rps must be >= 0");
   if (o_.rps == 0 && o_.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be >= 1");
   if (o_.duration == absl::InfiniteDuration() && o_.requests <= 0) {
@@ -546,10 +562,22 @@ absl::StatusOr<LoadResult> Run::Execute() {
   if (o_.lane) {
     if (!closed_loop_ || o_.stream || kserve())
       return absl::InvalidArgumentError("--lane=shm drives a closed loop of native unary calls (no --rps, --stream, --protocol=kserve)");
+    callers_ = 1;  // one lane, whatever the concurrency: one caller to the server
+    caller_kind_ = "lane";
     DH_RETURN_IF_ERROR(LaneLoop());
     return Merge();
   }
-  for (int i = 0; i < o_.connections; ++i) {
+  // One channel per caller unless told: closed loop, each in-flight slot its own connection (unary)
+  // or its own stream on its own connection, so that c workers are c callers to the server.
+  const int connections = o_.connections > 0 ? o_.connections : (closed_loop_ ? o_.concurrency : 1);
+  const int streams = o_.streams > 0 ? o_.streams : connections;
+  if (o_.stream) {
+    caller_kind_ = "stream";
+    callers_ = static_cast<size_t>(closed_loop_ ? std::min(streams, o_.concurrency) : streams);
+  } else {
+    callers_ = static_cast<size_t>(closed_loop_ ? std::min(connections, o_.concurrency) : connections);
+  }
+  for (int i = 0; i < connections; ++i) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = MakeChannel(o_.target, o_.client, i);
     if (!ch.ok()) return ch.status();
     channels_.push_back(*ch);
@@ -571,8 +599,7 @@ absl::StatusOr<LoadResult> Run::Execute() {
                        absl::ToChronoNanoseconds(o_.timeout);
   }
   if (o_.stream) {
-    const int n = o_.streams > 0 ? o_.streams : o_.connections;
-    for (int i = 0; i < n; ++i) streams_.push_back(std::make_unique<StreamCall>(this, static_cast<size_t>(i)));
+    for (int i = 0; i < streams; ++i) streams_.push_back(std::make_unique<StreamCall>(this, static_cast<size_t>(i)));
     for (auto& s : streams_) s->Open();
   }
   if (closed_loop_) {
@@ -585,7 +612,7 @@ absl::StatusOr<LoadResult> Run::Execute() {
         inflight_.fetch_add(1, std::memory_order_acq_rel);
         const uint64_t seq = NextSeq();
         if (!streams_[i % streams_.size()]->Enqueue(now, seq)) {
-          RecordBroken(now, seq);
+          RecordBroken(now, seq, i % streams_.size());
           inflight_.fetch_sub(1, std::memory_order_acq_rel);
         }
       }
@@ -673,7 +700,7 @@ absl::Status Run::LaneLoop() {
           return;
         }
         const std::string msg(call.status().message());
-        Record(start, NowNs(), seq, static_cast<int>(call.status().code()), ScannedResponse{}, &msg);
+        Record(start, NowNs(), seq, 0, static_cast<int>(call.status().code()), ScannedResponse{}, &msg);
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
       };
       auto start_one = [&]() -> bool {
@@ -701,10 +728,10 @@ absl::Status Run::LaneLoop() {
                                                   t.gemv_us(), t.epilogue_us(), t.gather_us(),
                                                   t.d2h_us(), t.combine_us(), t.server_us()};
           std::copy(stages, stages + kTimingStages, sr.stage_us);
-          Record(f.start, done, f.seq, 0, sr, nullptr);
+          Record(f.start, done, f.seq, 0, 0, sr, nullptr);
         } else {
           const std::string msg(r.status().message());
-          Record(f.start, done, f.seq, static_cast<int>(r.status().code()), sr, &msg);
+          Record(f.start, done, f.seq, 0, static_cast<int>(r.status().code()), sr, &msg);
         }
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
         if (deferred) {
@@ -759,7 +786,15 @@ LoadResult Run::Merge() {
       r.timeline[s].latency.Merge(t->timeline[s].latency);
     }
     r.records.insert(r.records.end(), t->records.begin(), t->records.end());
+    if (t->callers.size() > r.callers.size()) r.callers.resize(t->callers.size());
+    for (size_t i = 0; i < t->callers.size(); ++i) {
+      r.callers[i].ok += t->callers[i].ok;
+      r.callers[i].errors += t->callers[i].errors;
+      r.callers[i].latency.Merge(t->callers[i].latency);
+    }
   }
+  if (r.callers.size() < callers_) r.callers.resize(callers_);  // callers never answered count too
+  r.caller_kind = caller_kind_;
   for (int c = 1; c < kCodes; ++c) {
     if (codes[c]) {
       r.errors_by_code[c] = codes[c];

@@ -15,7 +15,8 @@
 // scanned in place for the few fields measured (timing, error), never parsed into messages.
 // Statistics go to per-thread histograms (thread_local, registered once per thread and merged at the
 // end): the hot path takes no lock and allocates nothing of its own (the per-second timeline grows
-// once a second, the optional per-request records amortized).
+// once a second, the per-caller figures once per caller, the optional per-request records
+// amortized).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,11 @@ struct LoadProgress {
 struct LoadOptions {
   std::string target;
   ClientOptions client;      // TLS and message sizes; `channels` is taken from `connections`
-  int connections = 1;       // independent channels (TCP connections), used round robin
+  // Independent channels (TCP connections), used round robin. 0: one per caller: in closed loop
+  // `concurrency` channels, so that each in-flight slot (a unary call slot, or with `stream` its own
+  // stream) is a caller of its own to the server's fair queue (it tells unary callers apart by
+  // connection, streams by stream); in open loop 1.
+  int connections = 0;
   Protocol protocol = Protocol::kNative;
   bool stream = false;       // StreamLogits instead of ComputeLogits (KServe: ModelStreamInfer)
   // A same-host lane (docs/lane.md) instead of gRPC: `concurrency` threads share one lane of that
@@ -83,6 +88,14 @@ struct SecondStats {         // one second of the measured window, by completion
   LogLinearHistogram latency{4};  // ns, 3% resolution is plenty for a time series
 };
 
+// One caller as the server's fair queue sees it (server/sched/batcher.h's CallerKey): a channel's
+// unary calls, a stream, or the lane. In closed loop with `connections` 0 caller i is worker
+// (in-flight slot) i.
+struct CallerStats {
+  uint64_t ok = 0, errors = 0;       // measured answers
+  LogLinearHistogram latency{6};     // ns, OK answers (<= 0.8% relative error)
+};
+
 struct LoadResult {
   int concurrency = 0;       // closed loop
   double rps_target = 0;     // open loop
@@ -107,6 +120,10 @@ struct LoadResult {
   std::vector<SecondStats> timeline;
   std::vector<RequestRecord> records;  // by seq, with LoadOptions::record_requests
   int64_t stream_failures = 0;         // streams that ended with an error
+  // Per caller, by caller index (every caller the run opened, answered or not); `caller_kind` says
+  // what one is: "channel" (unary calls), "stream" or "lane".
+  std::vector<CallerStats> callers;
+  std::string caller_kind;
 };
 
 // Runs one load test. `requests` are serialized LogitsRequests (KServe: ModelInferRequests), used

@@ -70,7 +70,9 @@ ABSL_FLAG(uint64_t, arrival_seed, 1, "load: seed of the Poisson arrivals");
 ABSL_FLAG(std::string, duration, "", "load (-z): measured time, e.g. 10s (default 10s, or none with -n)");
 ABSL_FLAG(int64_t, requests, 0, "load (-n): measured requests to send");
 ABSL_FLAG(std::string, warmup, "0", "load: unmeasured time before measuring, e.g. 2s");
-ABSL_FLAG(int, connections, 1, "load: channels (TCP connections), used round robin");
+ABSL_FLAG(int, connections, 0,
+          "load: channels (TCP connections), used round robin; 0: one per caller (closed loop: one per "
+          "in-flight request, so that -c N is N callers to the server; open loop: 1)");
 ABSL_FLAG(bool, stream, false, "load: StreamLogits (latency per message) instead of ComputeLogits");
 ABSL_FLAG(std::string, protocol, "native", "load: native (drafthead.v1) | kserve (KServe v2 ModelInfer / ModelStreamInfer)");
 ABSL_FLAG(std::string, model_name, "drafthead", "load --protocol=kserve: the server's --model-name");
@@ -506,7 +508,7 @@ int RunLoadCommand() {
                    {"protocol", protocol},
                    {"lane", lane},
                    {"stream", lo.stream},
-                   {"streams", lo.stream ? (lo.streams > 0 ? lo.streams : lo.connections) : 0},
+                   {"streams", lo.stream ? lo.streams : 0},  // 0: one per connection
                    {"rows", rows},
                    {"hidden_size", K},
                    {"mode", absl::GetFlag(FLAGS_mode)},

@@ -208,6 +208,66 @@ TEST(BatcherTest, RefusesACallerPastItsOwnQueueLimit) {
   EXPECT_EQ(depth.at("stream").callers, 2u);
 }
 
+// --queue-policy=fifo, the queue before fair queueing: batches in submission order across callers
+// (a newcomer waits behind the whole backlog, a backlog's next request goes before a later
+// caller's), FIFO within each caller, the per-caller bound and metrics as with fair queueing.
+TEST(BatcherTest, FifoPolicyServesEveryCallerInSubmissionOrder) {
+  BatcherOptions o;
+  o.policy = QueuePolicy::kFifo;
+  o.max_rows = 64;
+  o.max_caller_queue_rows = 130;
+  Batcher b(o);
+  Probe p[9];
+  ASSERT_TRUE(b.Submit(From("stream", 1, 32, &p[0], 10)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 2, 16, &p[1], 20)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 1, 32, &p[2], 11)).ok());
+  ASSERT_TRUE(b.Submit(From("unary", 7, 1, &p[3], 70)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 2, 16, &p[4], 21)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 1, 64, &p[5], 12)).ok());
+  const absl::Status refused = b.Submit(From("stream", 1, 8, &p[6], 13));  // caller 1: 128 + 8 > 130
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("--max-caller-queue-rows"), std::string::npos) << refused.message();
+  ASSERT_TRUE(b.Submit(From("unary", 8, 1, &p[7], 80)).ok());
+  const auto depth = b.depth_by_class();
+  EXPECT_EQ(depth.at("stream").callers, 2u);
+  EXPECT_EQ(depth.at("stream").rows, 160u);
+  EXPECT_EQ(depth.at("unary").callers, 2u);
+  std::vector<std::vector<uint64_t>> got;
+  for (int i = 0; i < 8 && b.queued_requests() > 0; ++i) {
+    got.push_back(Ids(b.Take(std::chrono::milliseconds(0))));
+    b.BatchStarted();
+  }
+  // Fair queueing would give {10, 11}, {20, 21, 70, 80}, {12}: callers 2, 7 and 8 ahead of
+  // caller 1's second request.
+  const std::vector<std::vector<uint64_t>> want = {{10, 20}, {11, 70, 21}, {12}, {80}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(b.queued_rows(), 0u);
+  EXPECT_TRUE(b.depth_by_class().empty());
+
+  // A caller's expired head is dropped in its place in the order, not computed.
+  Probe late, live;
+  BatchItem e = From("stream", 3, 4, &late, 30);
+  e.deadline = Clock::now() - std::chrono::milliseconds(1);
+  ASSERT_TRUE(b.Submit(std::move(e)).ok());
+  ASSERT_TRUE(b.Submit(From("stream", 3, 4, &live, 31)).ok());
+  EXPECT_EQ(Ids(b.Take(std::chrono::milliseconds(0))), std::vector<uint64_t>({31}));
+  EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b.dropped().expired, 1u);
+}
+
+TEST(BatcherTest, ParsesTheQueuePolicy) {
+  QueuePolicy p = QueuePolicy::kFair;
+  EXPECT_TRUE(ParseQueuePolicy("fifo", &p));
+  EXPECT_EQ(p, QueuePolicy::kFifo);
+  EXPECT_STREQ(QueuePolicyName(p), "fifo");
+  EXPECT_TRUE(ParseQueuePolicy("fair", &p));
+  EXPECT_EQ(p, QueuePolicy::kFair);
+  EXPECT_STREQ(QueuePolicyName(p), "fair");
+  EXPECT_FALSE(ParseQueuePolicy("FIFO", &p));
+  EXPECT_FALSE(ParseQueuePolicy("", &p));
+  EXPECT_EQ(BatcherOptions{}.policy, QueuePolicy::kFair);
+}
+
 // Queued rows per caller class and the waits are exported.
 TEST(MetricsTest, ExportsQueuedRowsPerCallerClassAndTheWaits) {
   Metrics m(1);

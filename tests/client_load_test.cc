@@ -104,6 +104,53 @@ TEST(LoadTester, ClosedLoopStopsAtTheCount) {
   uint64_t timeline_ok = 0;
   for (const auto& s : r->timeline) timeline_ok += s.ok;
   EXPECT_EQ(timeline_ok, 400u);
+  // --connections=2: the server sees two callers (it tells unary callers apart by connection).
+  EXPECT_EQ(r->caller_kind, "channel");
+  ASSERT_EQ(r->callers.size(), 2u);
+  EXPECT_EQ(r->callers[0].ok + r->callers[1].ok, 400u);
+}
+
+// Per-caller figures: by default (connections 0) each of the c in-flight slots has its own channel
+// (unary) or its own stream, i.e. is its own caller to the server; every measured answer is counted
+// for exactly one caller, each caller's percentiles are its own.
+TEST(LoadTester, OneCallerPerWorkerWithItsOwnFigures) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--fail-first=2"});
+  ASSERT_NE(server.port(), 0);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "unary");
+    LoadOptions o = Base(server);
+    o.stream = stream;
+    o.concurrency = 6;
+    o.requests = 300;
+    auto r = RunLoad(o, Pool(v1::ARGMAX), kRows);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->caller_kind, stream ? "stream" : "channel");
+    ASSERT_EQ(r->callers.size(), 6u);
+    uint64_t ok = 0, errors = 0, hist = 0;
+    for (const CallerStats& c : r->callers) {
+      EXPECT_GT(c.ok, 0u) << "a worker that sent nothing";
+      ok += c.ok;
+      errors += c.errors;
+      hist += c.latency.count();
+      EXPECT_EQ(c.latency.count(), c.ok);
+      EXPECT_LE(c.latency.Percentile(0.5), c.latency.Percentile(0.99));
+      EXPECT_GE(c.latency.Percentile(0.5), static_cast<double>(r->latency.min()) * 0.99);
+      EXPECT_LE(c.latency.Percentile(0.99), static_cast<double>(r->latency.max()) * 1.01);
+    }
+    EXPECT_EQ(ok, r->ok);
+    EXPECT_EQ(errors, r->errors);
+    EXPECT_EQ(ok + errors, 300u);
+    EXPECT_EQ(hist, r->latency.count());
+  }
+  // --connections=2 with 6 unary slots: 2 callers, 3 slots each.
+  LoadOptions shared = Base(server);
+  shared.concurrency = 6;
+  shared.connections = 2;
+  shared.requests = 60;
+  auto s = RunLoad(shared, Pool(v1::ARGMAX), kRows);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->callers.size(), 2u);
+  EXPECT_EQ(s->callers[0].ok + s->callers[0].errors + s->callers[1].ok + s->callers[1].errors, 60u);
 }
 
 TEST(LoadTester, DurationBoundAndWarmupNotMeasured) {
@@ -301,7 +348,7 @@ TEST(LoadReport, JsonSchemaAndHtml) {
     for (const char* key : {"loop", "concurrency", "rps_target", "elapsed_s", "issued", "answered", "ok", "errors",
                             "errors_by_code", "error_examples", "requests_per_s", "ok_per_s", "rows_per_s", "latency_us",
                             "server_us", "batch_rows_p50", "send_lag_us", "stream_failures", "histogram_relative_error",
-                            "latency_histogram", "timeline"}) {
+                            "latency_histogram", "timeline", "callers", "callers_summary"}) {
       EXPECT_TRUE(run.contains(key)) << key;
     }
     for (const char* p : {"min", "p50", "p90", "p99", "p999", "max", "mean"}) {
@@ -317,7 +364,32 @@ TEST(LoadReport, JsonSchemaAndHtml) {
     EXPECT_EQ(hist, run.at("ok").get<uint64_t>());
     EXPECT_FALSE(run.at("timeline").empty());
     EXPECT_TRUE(run.at("timeline")[0].contains("p99_us"));
+    // One caller per worker (connections 0): callers length == concurrency, counts add up to the run's.
+    const auto& callers = run.at("callers");
+    ASSERT_EQ(callers.size(), run.at("concurrency").get<size_t>());
+    uint64_t count = 0, ok = 0;
+    double p50_min = 1e300, p50_max = 0;
+    for (const auto& c : callers) {
+      for (const char* key : {"caller", "count", "ok", "errors", "p50_us", "p99_us"}) EXPECT_TRUE(c.contains(key)) << key;
+      EXPECT_EQ(c.at("count").get<uint64_t>(), c.at("ok").get<uint64_t>() + c.at("errors").get<uint64_t>());
+      EXPECT_LE(c.at("p50_us").get<double>(), c.at("p99_us").get<double>());
+      count += c.at("count").get<uint64_t>();
+      ok += c.at("ok").get<uint64_t>();
+      p50_min = std::min(p50_min, c.at("p50_us").get<double>());
+      p50_max = std::max(p50_max, c.at("p50_us").get<double>());
+    }
+    EXPECT_EQ(count, run.at("answered").get<uint64_t>());
+    EXPECT_EQ(ok, run.at("ok").get<uint64_t>());
+    const auto& sum = run.at("callers_summary");
+    EXPECT_EQ(sum.at("kind"), "channel");
+    EXPECT_EQ(sum.at("callers").get<size_t>(), callers.size());
+    EXPECT_EQ(sum.at("answered").get<size_t>(), callers.size());
+    EXPECT_DOUBLE_EQ(sum.at("p50_us_min").get<double>(), p50_min);
+    EXPECT_DOUBLE_EQ(sum.at("p50_us_max").get<double>(), p50_max);
+    EXPECT_GE(sum.at("p50_max_over_min").get<double>(), 1.0);
+    EXPECT_GE(sum.at("p99_us_max").get<double>(), sum.at("p50_us_max").get<double>());
   }
+  EXPECT_NE(FormatText(rep).find("callers    4 x channel, 4 answered"), std::string::npos) << FormatText(rep);
   EXPECT_EQ(j.at("runs")[0].at("errors_by_code").at("UNAVAILABLE"), 3);
   const std::string csv = ToCsv(rep);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 201);

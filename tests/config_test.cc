@@ -1,8 +1,16 @@
 // server/app/config.h's rules: the one device rule (ChooseDevice) that the CUDA backend, NCCL and
 // CUDA regions all take their GPU from (the visible count injected, so no GPU is needed), and the
-// forms --listen accepts (CheckListenAddress).
+// forms --listen accepts (CheckListenAddress), and --queue-policy reaching the batcher's options.
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
 #include "gtest/gtest.h"
 #include "server/app/config.h"
+
+ABSL_DECLARE_FLAG(int, tp);
+ABSL_DECLARE_FLAG(std::optional<uint64_t>, synthetic);
+ABSL_DECLARE_FLAG(std::string, queue_policy);
 
 namespace drafthead {
 namespace {
@@ -50,6 +58,26 @@ TEST(CheckListenAddressTest, RefusesWhatCannotListen) {
   auto long_path = CheckListenAddress("unix:/" + std::string(107, 'a'));
   ASSERT_FALSE(long_path.ok());
   EXPECT_NE(long_path.message().find("at most 107"), std::string::npos) << long_path;
+}
+
+// --queue-policy: fair by default, fifo on request (the queue before fair queueing), anything else
+// refused naming the flag.
+TEST(ServerConfigTest, QueuePolicyReachesTheBatcher) {
+  absl::SetFlag(&FLAGS_tp, 1);
+  absl::SetFlag(&FLAGS_synthetic, std::optional<uint64_t>(1));
+  auto fair = ServerConfigFromFlags();
+  ASSERT_TRUE(fair.ok()) << fair.status();
+  EXPECT_EQ(fair->batcher.policy, QueuePolicy::kFair);
+  absl::SetFlag(&FLAGS_queue_policy, "fifo");
+  auto fifo = ServerConfigFromFlags();
+  ASSERT_TRUE(fifo.ok()) << fifo.status();
+  EXPECT_EQ(fifo->batcher.policy, QueuePolicy::kFifo);
+  absl::SetFlag(&FLAGS_queue_policy, "lifo");
+  auto bad = ServerConfigFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--queue-policy"), std::string::npos) << bad.status();
+  absl::SetFlag(&FLAGS_queue_policy, "fair");
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refuse
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
           "with RESOURCE_EXHAUSTED (0: no bound but --max-queue-rows)");
+ABSL_FLAG(std::string, queue_policy, "fair",
+          "How batches are formed across callers: fair (deficit round robin by rows, a caller's backlog "
+          "does not delay the others) or fifo (submission order across callers, the queue before fair "
+          "queueing; for comparison)");
 ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
 ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
@@ -180,6 +184,9 @@ absl::Status ResolveLimits(ServerConfig& c) {
   // A caller may always queue one request of the most rows.
   const uint32_t caller_rows = absl::GetFlag(FLAGS_max_caller_queue_rows);
   c.batcher.max_caller_queue_rows = caller_rows == 0 ? 0 : std::max(caller_rows, max_rows);
+  const std::string policy = absl::GetFlag(FLAGS_queue_policy);
+  if (!ParseQueuePolicy(policy, &c.batcher.policy))
+    return Bad(absl::StrCat("--queue-policy must be fair or fifo, not '", policy, "'"));
   c.batcher.max_queue_delay = std::chrono::microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   c.batcher.max_requests = absl::GetFlag(FLAGS_max_batch_requests);
 

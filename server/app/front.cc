@@ -167,7 +167,8 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   if (!f->server || bound_port == 0)
     return StepFailed("listen_failed", absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen)));
   f->health.SetServing(false);
-  Log(LogLevel::kInfo, "grpc_listening", "address", c.listen, "port", bound_port, "tls", c.tls.mode());
+  Log(LogLevel::kInfo, "grpc_listening", "address", c.listen, "port", bound_port, "tls", c.tls.mode(), "queue_policy",
+      QueuePolicyName(c.batcher.policy));
   return f;
 }
 

@@ -7,6 +7,19 @@
 
 namespace drafthead {
 
+bool ParseQueuePolicy(const std::string& text, QueuePolicy* out) {
+  if (text == "fair") {
+    *out = QueuePolicy::kFair;
+  } else if (text == "fifo") {
+    *out = QueuePolicy::kFifo;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* QueuePolicyName(QueuePolicy p) { return p == QueuePolicy::kFifo ? "fifo" : "fair"; }
+
 void Batcher::SetInlineRunner(InlineRunner* runner) {
   absl::MutexLock l(&mu_);
   runner_ = opts_.max_queue_delay.count() == 0 ? runner : nullptr;
@@ -41,10 +54,11 @@ absl::Status Batcher::Submit(BatchItem item) {
         auto c = std::make_unique<Caller>();
         c->key = item.caller;
         c->credit = opts_.max_rows;
-        fresh_.push_back(c.get());
+        if (opts_.policy == QueuePolicy::kFair) fresh_.push_back(c.get());
         found = callers_.emplace(item.caller, std::move(c)).first;
       }
       Caller& c = *found->second;
+      if (opts_.policy == QueuePolicy::kFifo) arrivals_.push_back(&c);
       c.rows += rows;
       rows_ += rows;
       ++requests_;
@@ -66,10 +80,33 @@ Batcher::Caller* Batcher::Next() {
 }
 
 void Batcher::Retire(Caller* c) {
-  std::deque<Caller*>& list = c->fresh ? fresh_ : rounds_;
-  list.erase(std::find(list.begin(), list.end(), c));
+  if (opts_.policy == QueuePolicy::kFair) {
+    std::deque<Caller*>& list = c->fresh ? fresh_ : rounds_;
+    list.erase(std::find(list.begin(), list.end(), c));
+  }
   if (cut_ == c) cut_ = nullptr;
   callers_.erase(c->key);
+}
+
+BatchItem Batcher::PopHead(Caller* c) {
+  BatchItem it = std::move(c->items.front());
+  c->items.pop_front();
+  c->rows -= it.req->rows;
+  rows_ -= it.req->rows;
+  --requests_;
+  return it;
+}
+
+bool Batcher::DropHeadIfDead(Caller* c, Clock::time_point now, std::vector<BatchItem>& drops,
+                             std::vector<absl::Status>& drop_status) {
+  const BatchItem& head = c->items.front();
+  const bool expired = head.deadline <= now;
+  if (!expired && !(head.cancelled && head.cancelled())) return false;
+  expired ? ++dropped_.expired : ++dropped_.cancelled;
+  drop_status.push_back(expired ? absl::DeadlineExceededError("deadline passed while queued")
+                                : absl::CancelledError("cancelled while queued"));
+  drops.push_back(PopHead(c));
+  return true;
 }
 
 std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
@@ -86,57 +123,68 @@ std::vector<BatchItem> Batcher::Take(std::chrono::milliseconds idle_wait) {
       mu_.AwaitWithTimeout(absl::Condition(this, &Batcher::BatchFullOrClosed),
                            absl::FromChrono(oldest + opts_.max_queue_delay - Clock::now()));
     }
-    const auto now = Clock::now();
-    const int64_t quantum = opts_.max_rows;
     ++takes_;
-    uint32_t rows = 0;
-    while (Caller* c = Next()) {
-      BatchItem* head = c->items.empty() ? nullptr : &c->items.front();
-      if (head != nullptr && (head->deadline <= now || (head->cancelled && head->cancelled()))) {
-        const bool expired = head->deadline <= now;
-        expired ? ++dropped_.expired : ++dropped_.cancelled;
-        drop_status.push_back(expired ? absl::DeadlineExceededError("deadline passed while queued")
-                                      : absl::CancelledError("cancelled while queued"));
-        c->rows -= head->req->rows;
-        rows_ -= head->req->rows;
-        --requests_;
-        drops.push_back(std::move(*head));
-        c->items.pop_front();
-        head = nullptr;
-        if (!c->items.empty()) continue;
-      }
-      if (head == nullptr) {
-        Retire(c);
-        continue;
-      }
-      if (c->credit <= 0) {  // its turn is over: to the back of the round, with the next turn's credit
-        (c->fresh ? fresh_ : rounds_).pop_front();  // Next() gave the front (cut_ never has credit <= 0)
-        c->fresh = false;
-        c->credit += quantum;
-        rounds_.push_back(c);
-        continue;
-      }
-      const bool fits = rows + head->req->rows <= opts_.max_rows || batch.empty();
-      if (!fits || (opts_.max_requests > 0 && batch.size() >= opts_.max_requests)) {
-        if (c->taken_in != takes_) cut_ = c;  // cut off with nothing in this batch: first in the next
-        break;
-      }
-      rows += head->req->rows;
-      c->credit -= head->req->rows;
-      c->taken_in = takes_;
-      c->rows -= head->req->rows;
-      rows_ -= head->req->rows;
-      --requests_;
-      batch.push_back(std::move(*head));
-      c->items.pop_front();
-      if (cut_ == c) cut_ = nullptr;
-      if (c->items.empty()) Retire(c);
+    if (opts_.policy == QueuePolicy::kFifo) {
+      TakeFifo(Clock::now(), batch, drops, drop_status);
+    } else {
+      TakeFair(Clock::now(), batch, drops, drop_status);
     }
     // Set with the dequeue, under one lock: a Submit that sees the queue empty also sees this.
     in_hand_ = !batch.empty();
   }
   for (size_t i = 0; i < drops.size(); ++i) drops[i].done(drop_status[i], nullptr);
   return batch;
+}
+
+void Batcher::TakeFair(Clock::time_point now, std::vector<BatchItem>& batch, std::vector<BatchItem>& drops,
+                       std::vector<absl::Status>& drop_status) {
+  const int64_t quantum = opts_.max_rows;
+  uint32_t rows = 0;
+  while (Caller* c = Next()) {
+    if (!c->items.empty() && DropHeadIfDead(c, now, drops, drop_status)) continue;
+    if (c->items.empty()) {
+      Retire(c);
+      continue;
+    }
+    const BatchItem& head = c->items.front();
+    if (c->credit <= 0) {  // its turn is over: to the back of the round, with the next turn's credit
+      (c->fresh ? fresh_ : rounds_).pop_front();  // Next() gave the front (cut_ never has credit <= 0)
+      c->fresh = false;
+      c->credit += quantum;
+      rounds_.push_back(c);
+      continue;
+    }
+    const bool fits = rows + head.req->rows <= opts_.max_rows || batch.empty();
+    if (!fits || (opts_.max_requests > 0 && batch.size() >= opts_.max_requests)) {
+      if (c->taken_in != takes_) cut_ = c;  // cut off with nothing in this batch: first in the next
+      break;
+    }
+    rows += head.req->rows;
+    c->credit -= head.req->rows;
+    c->taken_in = takes_;
+    batch.push_back(PopHead(c));
+    if (cut_ == c) cut_ = nullptr;
+    if (c->items.empty()) Retire(c);
+  }
+}
+
+// The queue before issue 24: the oldest request first, whoever sent it; a batch ends at the first
+// request that does not fit.
+void Batcher::TakeFifo(Clock::time_point now, std::vector<BatchItem>& batch, std::vector<BatchItem>& drops,
+                       std::vector<absl::Status>& drop_status) {
+  uint32_t rows = 0;
+  while (!arrivals_.empty()) {
+    Caller* c = arrivals_.front();  // its head is the oldest request queued (FIFO per caller too)
+    if (!DropHeadIfDead(c, now, drops, drop_status)) {
+      const BatchItem& head = c->items.front();
+      if (rows + head.req->rows > opts_.max_rows && !batch.empty()) break;
+      if (opts_.max_requests > 0 && batch.size() >= opts_.max_requests) break;
+      rows += head.req->rows;
+      batch.push_back(PopHead(c));
+    }
+    arrivals_.pop_front();
+    if (c->items.empty()) Retire(c);
+  }
 }
 
 std::vector<BatchItem> Batcher::TakeReady() {
@@ -169,6 +217,7 @@ void Batcher::Close(const absl::Status& reason) {
     callers.swap(callers_);
     fresh_.clear();
     rounds_.clear();
+    arrivals_.clear();
     cut_ = nullptr;
     rows_ = 0;
     requests_ = 0;

@@ -10,6 +10,9 @@
 // backlogs. A batch ends at the first request that does not fit (as a FIFO queue would); a caller
 // cut off with nothing in that batch goes first in the next one, so a large request is never
 // starved by a run of small newcomers.
+// Or FIFO (QueuePolicy::kFifo, --queue-policy=fifo): the queue before fair queueing, kept to
+// compare against: batches are formed in submission order across all callers (a caller's backlog
+// delays everyone who comes after it); the per-caller queues, their bound and metrics stay.
 // Bounded: a request that would push the queue past max_queue_rows, or its caller's queue past
 // max_caller_queue_rows, is refused at once (RESOURCE_EXHAUSTED). Expired or cancelled requests are
 // answered here and never computed.
@@ -81,7 +84,16 @@ class InlineRunner {
   virtual bool TryRunInline(BatchItem& item) = 0;
 };
 
+// How batches are formed across callers (above): fair (deficit round robin, new callers first) or
+// one FIFO queue in submission order.
+enum class QueuePolicy { kFair, kFifo };
+
+// "fair" / "fifo"; false for anything else.
+bool ParseQueuePolicy(const std::string& text, QueuePolicy* out);
+const char* QueuePolicyName(QueuePolicy p);
+
 struct BatcherOptions {
+  QueuePolicy policy = QueuePolicy::kFair;
   uint32_t max_rows = 64;
   uint32_t max_queue_rows = 4096;
   uint32_t max_caller_queue_rows = 1024;  // one caller's share of max_queue_rows
@@ -99,7 +111,7 @@ class Batcher {
   absl::Status Submit(BatchItem item);
 
   // Waits up to `idle_wait` for work, then up to max_queue_delay for the batch to fill. Returns the
-  // batch (possibly empty), fairly across callers (above). Drops expired and cancelled items
+  // batch (possibly empty), formed by the policy (above). Drops expired and cancelled items
   // (completing them). A non-empty batch is "in hand" until BatchStarted: meanwhile the queue is
   // empty and the engine may be free, but nothing runs inline ahead of it.
   std::vector<BatchItem> Take(std::chrono::milliseconds idle_wait);
@@ -152,6 +164,17 @@ class Batcher {
   Caller* Next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `c` out of its turn list and forgets it (its queue is empty).
   void Retire(Caller* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take's two ways of filling `batch` (rows counted in `rows`), moving expired and cancelled heads
+  // to `drops` with their statuses.
+  void TakeFair(Clock::time_point now, std::vector<BatchItem>& batch, std::vector<BatchItem>& drops,
+                std::vector<absl::Status>& drop_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeFifo(Clock::time_point now, std::vector<BatchItem>& batch, std::vector<BatchItem>& drops,
+                std::vector<absl::Status>& drop_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If `c`'s head has expired or been cancelled: moves it to `drops` (counted) and returns true.
+  bool DropHeadIfDead(Caller* c, Clock::time_point now, std::vector<BatchItem>& drops,
+                      std::vector<absl::Status>& drop_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `c`'s head from the queue's counts and returns it.
+  BatchItem PopHead(Caller* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatcherOptions opts_;
   mutable absl::Mutex mu_;
@@ -159,6 +182,8 @@ class Batcher {
   std::map<CallerKey, std::unique_ptr<Caller>> callers_ ABSL_GUARDED_BY(mu_);
   std::deque<Caller*> fresh_ ABSL_GUARDED_BY(mu_);   // became active, first turn not yet over
   std::deque<Caller*> rounds_ ABSL_GUARDED_BY(mu_);  // the round robin
+  // kFifo only (fresh_ and rounds_ stay empty): each queued request's caller, in submission order.
+  std::deque<Caller*> arrivals_ ABSL_GUARDED_BY(mu_);
   Caller* cut_ ABSL_GUARDED_BY(mu_) = nullptr;       // its head ended the last batch: goes first
   uint64_t takes_ ABSL_GUARDED_BY(mu_) = 0;      // Take calls so far
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;       // rows queued, every caller
