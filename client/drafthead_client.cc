@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/caller_header.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/numeric.h"
@@ -285,6 +287,10 @@ DraftHeadClient::DraftHeadClient(ClientOptions options, std::vector<std::shared_
       channels_(std::move(channels)),
       jitter_state_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {
   for (const auto& ch : channels_) stubs_.push_back(v1::DraftHead::NewStub(ch));
+  // One caller per channel to the server's fair queue, also where peers read alike (unix:).
+  std::random_device rd;
+  const std::string me = absl::StrCat(absl::Hex(rd()), absl::Hex(rd()));
+  for (size_t i = 0; i < channels_.size(); ++i) caller_ids_.push_back(absl::StrCat(me, "-", i));
 }
 
 DraftHeadClient::~DraftHeadClient() = default;
@@ -332,7 +338,9 @@ absl::Status DraftHeadClient::CallUnary(
     grpc::ClientContext ctx;
     ctx.set_deadline(ToChrono(until));
     ctx.set_wait_for_ready(options_.wait_for_ready);
-    absl::Status s = FromGrpcStatus(call(*stubs_[NextChannel()], &ctx));
+    const size_t ch = NextChannel();
+    ctx.AddMetadata(kCallerHeader, caller_ids_[ch]);
+    absl::Status s = FromGrpcStatus(call(*stubs_[ch], &ctx));
     if (s.ok()) return s;
     if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.retry.max_attempts) return s;
     const absl::Duration b = Backoff(attempt + 1);
@@ -593,8 +601,10 @@ void DraftHeadClient::StartAttempt(std::shared_ptr<AsyncCall> call) {
   });
   attempt->context.set_deadline(ToChrono(raw_call->deadline));
   attempt->context.set_wait_for_ready(options_.wait_for_ready);
-  stubs_[NextChannel()]->async()->ComputeLogits(&attempt->context, &raw_call->request,
-                                                &attempt->response, attempt);
+  const size_t ch = NextChannel();
+  attempt->context.AddMetadata(kCallerHeader, caller_ids_[ch]);
+  stubs_[ch]->async()->ComputeLogits(&attempt->context, &raw_call->request, &attempt->response,
+                                     attempt);
   attempt->StartCall();
 }
 

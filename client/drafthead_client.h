@@ -265,6 +265,7 @@ class DraftHeadClient {
   ClientOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::DraftHead::Stub>> stubs_;
+  std::vector<std::string> caller_ids_;  // kCallerHeader's value on each channel
   absl::StatusOr<HiddenRows> RowsOf(std::span<const uint16_t> bf16_rows);
   std::atomic<uint64_t> next_channel_{0};
   std::atomic<uint32_t> hidden_size_{0};

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/kserve_wire.h"
 #include "client/response_scan.h"
+#include "common/caller_header.h"
 #include "common/status_macros.h"
 
 namespace drafthead::client {
@@ -171,6 +172,8 @@ class Run {
   // The caller (CallerStats index) of unary call slot `i`: its channel, as the server tells unary
   // callers apart by connection.
   size_t UnaryCaller(size_t i) const { return i % stubs_.size(); }
+  // kCallerHeader's value for channel `i` (the server's caller where peers read alike: unix:).
+  const std::string& CallerId(size_t i) const { return caller_ids_[i % caller_ids_.size()]; }
   std::chrono::system_clock::time_point UnaryDeadline() const {
     return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(o_.timeout);
   }
@@ -309,6 +312,7 @@ class Run {
   std::vector<grpc::ByteBuffer> pool_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::vector<std::string> caller_ids_;  // one per channel (stubs_)
   std::vector<std::unique_ptr<UnaryCall>> unary_;
   std::vector<std::unique_ptr<StreamCall>> streams_;
   std::optional<std::chrono::system_clock::time_point> stream_deadline_;
@@ -336,6 +340,7 @@ void UnaryCall::Start(int64_t scheduled_ns, uint64_t seq) {
   seq_ = seq;
   ctx_.emplace();
   ctx_->set_deadline(run_->UnaryDeadline());
+  ctx_->AddMetadata(kCallerHeader, run_->CallerId(index_));
   response_.Clear();
   run_->Stub(index_)->PrepareUnaryCall(&*ctx_, run_->UnaryMethod(), grpc::StubOptions(), run_->RequestFor(seq), &response_,
                                        this);
@@ -577,11 +582,14 @@ absl::StatusOr<LoadResult> Run::Execute() {
   } else {
     callers_ = static_cast<size_t>(closed_loop_ ? std::min(connections, o_.concurrency) : connections);
   }
+  std::random_device rd;
+  const std::string run_id = absl::StrCat(absl::Hex(rd()), absl::Hex(rd()));
   for (int i = 0; i < connections; ++i) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = MakeChannel(o_.target, o_.client, i);
     if (!ch.ok()) return ch.status();
     channels_.push_back(*ch);
     stubs_.push_back(std::make_unique<grpc::GenericStub>(*ch));
+    caller_ids_.push_back(absl::StrCat(run_id, "-", i));
   }
   // Connect every channel before the clock starts: connection set-up is not the server's latency.
   for (auto& ch : channels_) {

@@ -9,6 +9,7 @@
 
 #include "absl/synchronization/notification.h"
 
+#include "server/api/service.h"
 #include "server/sched/batcher.h"
 #include "server/sched/completer.h"
 #include "server/sched/metrics.h"
@@ -402,6 +403,30 @@ TEST(BatcherTest, TakeReadyTakesOnlyAFullBatchAndHoldsItInHand) {
     b.BatchStarted();
     EXPECT_EQ(b.queued_requests(), 1u);
   }
+}
+
+// Unary callers are their connections; over a Unix socket every connection's peer reads the same
+// ("unix:" plus the path), so the clients' kCallerHeader tells them apart; without it a call counts
+// as its connection's, as before.
+TEST(BatcherTest, UnaryCallersOverOneSocketAreToldApartByTheirHeader) {
+  using S = DraftHeadService;
+  const std::string sock = "unix:/run/drafthead.sock";
+  EXPECT_NE(S::UnaryCallerKey(sock, "a1-0").id, S::UnaryCallerKey(sock, "a1-1").id);
+  EXPECT_NE(S::UnaryCallerKey(sock, "a1-0").id, S::UnaryCallerKey(sock, "b7-0").id);
+  EXPECT_EQ(S::UnaryCallerKey(sock, "a1-0").id, S::UnaryCallerKey(sock, "a1-0").id);
+  EXPECT_EQ(S::UnaryCallerKey(sock, "").id, S::UnaryCallerKey(sock, "").id);
+  EXPECT_NE(S::UnaryCallerKey("ipv4:127.0.0.1:40001", "").id, S::UnaryCallerKey("ipv4:127.0.0.1:40002", "").id);
+  EXPECT_NE(S::UnaryCallerKey("ipv4:127.0.0.1:40001", "x").id, S::UnaryCallerKey("ipv4:127.0.0.1:40002", "x").id);
+  EXPECT_EQ(S::UnaryCallerKey(sock, "a1-0").cls, "unary");
+  // Two such callers each get their own share of a batch.
+  Batcher b(BatcherOptions{});
+  Probe p[2];
+  BatchItem x = Item(1, &p[0], 1), y = Item(1, &p[1], 2);
+  x.caller = S::UnaryCallerKey(sock, "a1-0");
+  y.caller = S::UnaryCallerKey(sock, "a1-1");
+  ASSERT_TRUE(b.Submit(std::move(x)).ok());
+  ASSERT_TRUE(b.Submit(std::move(y)).ok());
+  EXPECT_EQ(b.depth_by_class().at("unary").callers, 2u);
 }
 
 TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {

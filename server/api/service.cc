@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/caller_header.h"
 #include "common/status_macros.h"
 #include "server/api/response.h"
 
@@ -130,8 +131,19 @@ void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
   batcher_.Submit(std::move(item)).IgnoreError();  // done() has the outcome
 }
 
+CallerKey DraftHeadService::UnaryCallerKey(std::string_view peer, std::string_view caller_header) {
+  uint64_t id = std::hash<std::string_view>{}(peer);
+  if (!caller_header.empty())
+    id ^= std::hash<std::string_view>{}(caller_header) + 0x9e3779b97f4a7c15ull + (id << 6) + (id >> 2);
+  return CallerKey{"unary", id};
+}
+
 CallerKey DraftHeadService::UnaryCaller(const grpc::CallbackServerContext& ctx) {
-  return CallerKey{"unary", std::hash<std::string>{}(ctx.peer())};
+  const auto& md = ctx.client_metadata();
+  const auto it = md.find(kCallerHeader);
+  const std::string_view header = it == md.end() ? std::string_view()
+                                                 : std::string_view(it->second.data(), it->second.size());
+  return UnaryCallerKey(ctx.peer(), header);
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerContext* ctx,

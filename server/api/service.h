@@ -88,8 +88,10 @@ class DraftHeadService final : public DraftHeadServiceBase {
   void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
               std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false,
               absl::Duration timeout = absl::InfiniteDuration(), std::optional<CallerKey> caller = std::nullopt);
-  // The caller of a unary call: its connection.
+  // The caller of a unary call: its connection (peer), told apart further by the client's
+  // kCallerHeader when it sends one (over a Unix socket every connection's peer reads the same).
   static CallerKey UnaryCaller(const grpc::CallbackServerContext& ctx);
+  static CallerKey UnaryCallerKey(std::string_view peer, std::string_view caller_header);
   // The same for a request that did not come in as a gRPC call (a lane's): `call` says its
   // deadline, cancellation, caller and whether the submitting thread may run it.
   void Submit(const v1::LogitsRequest& req, CallControl call,

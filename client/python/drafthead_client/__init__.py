@@ -41,6 +41,7 @@ The generated stubs live in drafthead_client._gen (the build generates them into
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -198,6 +199,9 @@ class _HeadBase:
         self._lane_error: Optional[DraftHeadError] = None  # why the last lane could not open (or broke)
         self._lane_retry_at = 0.0                         # no new lane before this (time.monotonic)
         self._lane_lock = threading.Lock()
+        # The server's fair queue tells unary callers apart by connection and by this value (over
+        # unix: every connection's peer reads the same): one caller per client (common/caller_header.h).
+        self._caller_md = (("drafthead-caller", f"{os.getpid():x}-{random.getrandbits(48):012x}"),)
         self._open()
 
     def _open(self) -> None:
@@ -216,7 +220,7 @@ class _HeadBase:
         attempt = 1
         while True:
             try:
-                return method(request, timeout=max(0.001, deadline - time.monotonic()))
+                return method(request, timeout=max(0.001, deadline - time.monotonic()), metadata=self._caller_md)
             except grpc.RpcError as e:
                 time.sleep(self._retry_after(e, attempt, deadline))
                 attempt += 1

@@ -84,7 +84,8 @@ class AsyncRemoteDraftHead(_HeadBase):
         attempt = 1
         while True:
             try:
-                return await method(self._stubs())(request, timeout=max(0.001, deadline - time.monotonic()))
+                return await method(self._stubs())(request, timeout=max(0.001, deadline - time.monotonic()),
+                                                   metadata=self._caller_md)
             except grpc.RpcError as e:
                 await asyncio.sleep(self._retry_after(e, attempt, deadline))
                 attempt += 1
