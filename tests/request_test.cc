@@ -142,7 +142,9 @@ TEST(RequestTest, VectorHiddenDecodeEqualsThePortableOne) {
       const size_t ib = hidden::Fp32ToBf16Avx512(src, n, b.data(), &bb);
       ASSERT_EQ(ia, bad_at < 0 ? n : static_cast<size_t>(bad_at)) << n;
       ASSERT_EQ(ib, ia) << "fp32, n " << n << ", bad at " << bad_at;
-      if (ia < n) EXPECT_EQ(bb, ba);
+      if (ia < n) {
+        EXPECT_EQ(bb, ba);
+      }
       EXPECT_TRUE(std::equal(a.begin(), a.begin() + ia, b.begin())) << "fp32, n " << n;
       EXPECT_EQ(b[n], 0xabcd) << "wrote past the end";
       for (size_t i = 0; i < ia; ++i) ASSERT_EQ(a[i], FloatToBf16(BitsFloat(f[i]))) << i;
@@ -157,7 +159,9 @@ TEST(RequestTest, VectorHiddenDecodeEqualsThePortableOne) {
       const size_t id = hidden::CopyBf16Avx512(hs, n, d.data(), &hd);
       ASSERT_EQ(ic, bad_at < 0 ? n : static_cast<size_t>(bad_at)) << n;
       ASSERT_EQ(id, ic) << "bf16, n " << n << ", bad at " << bad_at;
-      if (ic < n) EXPECT_EQ(hd, hc);
+      if (ic < n) {
+        EXPECT_EQ(hd, hc);
+      }
       EXPECT_TRUE(std::equal(c.begin(), c.begin() + ic, d.begin())) << "bf16, n " << n;
       EXPECT_EQ(d[n], 0xabcd) << "wrote past the end";
     }

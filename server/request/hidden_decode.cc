@@ -50,6 +50,7 @@ size_t Fp32ToBf16Portable(const char* src, size_t n, uint16_t* dst, uint32_t* ba
 }
 
 size_t CopyBf16Portable(const char* src, size_t n, uint16_t* dst, uint16_t* bad_bits) {
+  if (n == 0) return 0;  // src and dst may be null then (memcpy's pointers may not)
   std::memcpy(dst, src, n * 2);
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t m = std::min(kBlock, n - i);
