@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -288,9 +287,7 @@ DraftHeadClient::DraftHeadClient(ClientOptions options, std::vector<std::shared_
       jitter_state_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {
   for (const auto& ch : channels_) stubs_.push_back(v1::DraftHead::NewStub(ch));
   // One caller per channel to the server's fair queue, also where peers read alike (unix:).
-  std::random_device rd;
-  const std::string me = absl::StrCat(absl::Hex(rd()), absl::Hex(rd()));
-  for (size_t i = 0; i < channels_.size(); ++i) caller_ids_.push_back(absl::StrCat(me, "-", i));
+  caller_ids_ = NewCallerIds(channels_.size());
 }
 
 DraftHeadClient::~DraftHeadClient() = default;

@@ -582,14 +582,12 @@ absl::StatusOr<LoadResult> Run::Execute() {
   } else {
     callers_ = static_cast<size_t>(closed_loop_ ? std::min(connections, o_.concurrency) : connections);
   }
-  std::random_device rd;
-  const std::string run_id = absl::StrCat(absl::Hex(rd()), absl::Hex(rd()));
+  caller_ids_ = NewCallerIds(static_cast<size_t>(connections));
   for (int i = 0; i < connections; ++i) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = MakeChannel(o_.target, o_.client, i);
     if (!ch.ok()) return ch.status();
     channels_.push_back(*ch);
     stubs_.push_back(std::make_unique<grpc::GenericStub>(*ch));
-    caller_ids_.push_back(absl::StrCat(run_id, "-", i));
   }
   // Connect every channel before the clock starts: connection set-up is not the server's latency.
   for (auto& ch : channels_) {
