@@ -151,13 +151,16 @@ int main(int argc, char** argv) {
     const double fp8_mb = (wbytes + ebytes) / 1e6;
     const int copies = std::max<int>(2, static_cast<int>((600e6 + wbytes - 1) / wbytes));
     std::vector<uint16_t*> wb(copies);
-    std::vector<uint8_t*> codes(copies), exps(copies);
+    std::vector<uint8_t*> codes(copies), exps(copies), packed(copies);
+    const size_t pbytes = drafthead::cuda::Fp8PackedCodesBytes(N, K);
     for (int c = 0; c < copies; ++c) {
       CK(cudaMalloc(&wb[c], wbytes * 2));
       CK(cudaMalloc(&codes[c], wbytes));
       CK(cudaMalloc(&exps[c], ebytes));
+      CK(cudaMalloc(&packed[c], pbytes));
       FillBf16<<<1024, 256>>>(wb[c], wbytes, 1000 + c, 0.02f);
       CK(drafthead::cuda::MakeTwin(wb[c], N, K, codes[c], exps[c], nullptr));
+      CK(drafthead::cuda::PackFp8Codes(codes[c], N, K, packed[c], nullptr));
     }
     CK(cudaDeviceSynchronize());
     const double twin_ms = TimeIt(5, [&](int i) {
@@ -167,23 +170,27 @@ int main(int argc, char** argv) {
     std::printf("\n## N=%lld K=%lld: fp8 twin %.1f MB, %d weight copies; floor %.1f us at %.0f GB/s\n",
                 static_cast<long long>(N), static_cast<long long>(K), fp8_mb, copies,
                 fp8_mb / stream_gbs * 1e3, stream_gbs);
-    std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB)\n\n", twin_ms,
-                wbytes * 2 / 1e6, fp8_mb);
-    // Columns: d4 (the default kernel again: noise), w32ks2d2 (302, round 2's best variant); the
-    // issue-12 TMA ring (M <= 16; head_gemv_variants.cuh lists the variants).
+    const double pack_ms = TimeIt(5, [&](int i) {
+      CK(drafthead::cuda::PackFp8Codes(codes[i % copies], N, K, packed[i % copies], nullptr));
+    });
+    std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB); fragment-order packing %.3f ms\n\n",
+                twin_ms, wbytes * 2 / 1e6, fp8_mb, pack_ms);
+    // Columns: d4 (the default kernel again: noise), d4+pdl (604), w32ks2d2 (302, round 2's best
+    // variant), the issue-12 TMA ring's best (574); issue 23's kernels on codes in fragment order
+    // (70x-76x: `pk`; head_gemv_variants.h lists the variants).
     struct Col {
       const char* name;
       int variant;
       int max_m;
     };
     const std::vector<Col> cols = {
-        {"d4", 4, 64},          {"d4+pdl", 604, 64},    {"w32ks2d2", 302, 16},  {"ring8 e1 (run 1)", 548, 16},
-        {"ring8", 508, 16},     {"ring8 e8", 588, 16},  {"ring4", 504, 16},
-        {"ring8+pdl", 518, 16}, {"ring8+ef", 528, 16},  {"c16 ring4", 564, 16},
-        {"c16 ring4+pdl", 574, 16}};
+        {"d4", 4, 64},         {"d4+pdl", 604, 64},  {"w32ks2d2", 302, 16}, {"c16 ring4+pdl", 574, 16},
+        {"pk d4", 700, 64},    {"pk d2", 702, 64},   {"pk d8", 708, 16},    {"pk pf8", 740, 64},
+        {"pk pf16", 741, 64},  {"pk+pdl", 750, 64},  {"pk w32ks2d2", 760, 16}};
+    auto is_packed = [](int variant) { return variant >= 700 && variant < 800; };
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);
-    std::printf(" best ring %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");
+    std::printf(" best pk %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");
     for (size_t i = 0; i < cols.size() + 7; ++i) std::printf(" --- |");
     std::printf("\n");
     for (int m : ms) {
@@ -193,17 +200,18 @@ int main(int argc, char** argv) {
           cudaError_t e = variant == 0 ? drafthead::cuda::HeadGemvFp8(x, m, K, codes[c], exps[c], N,
                                                                       y, N, true, nullptr)
                                        : drafthead::cuda::HeadGemvFp8Variant(
-                                             x, m, K, codes[c], exps[c], N, y, N, variant, nullptr);
+                                             x, m, K, is_packed(variant) ? packed[c] : codes[c],
+                                             exps[c], N, y, N, variant, nullptr);
           CK(e);
         });
       };
       const double t = fp8(0) * 1e3;
       std::vector<double> tv(cols.size(), 0);
-      double best_ring = 0;
+      double best_pk = 0;
       for (size_t ci = 0; ci < cols.size() && !quick; ++ci) {
         if (m > cols[ci].max_m) continue;
         tv[ci] = fp8(cols[ci].variant) * 1e3;
-        if (cols[ci].variant >= 500 && (best_ring == 0 || tv[ci] < best_ring)) best_ring = tv[ci];
+        if (is_packed(cols[ci].variant) && (best_pk == 0 || tv[ci] < best_pk)) best_pk = tv[ci];
       }
       const double tb = TimeIt(iters, [&](int i) {
         if (drafthead::cuda::HeadGemmBf16(h, x, m, K, wb[i % copies], N, y, N, nullptr) !=
@@ -213,8 +221,8 @@ int main(int argc, char** argv) {
       const double gbs = fp8_mb * 1e6 / (t * 1e-6) / 1e9;
       std::printf("| %d | %.1f | %.0f | %.1f |", m, t, gbs, 100.0 * gbs / stream_gbs);
       for (double v : tv) v > 0 ? std::printf(" %.1f |", v) : std::printf(" - |");
-      if (best_ring > 0)
-        std::printf(" %.1f |", 100.0 * fp8_mb * 1e6 / (best_ring * 1e-6) / 1e9 / stream_gbs);
+      if (best_pk > 0)
+        std::printf(" %.1f |", 100.0 * fp8_mb * 1e6 / (best_pk * 1e-6) / 1e9 / stream_gbs);
       else
         std::printf(" - |");
       std::printf(" %.1f | %.2f |\n", tb, tb / t);
@@ -318,6 +326,7 @@ int main(int argc, char** argv) {
     for (int c = 0; c < copies; ++c) {
       cudaFree(wb[c]);
       cudaFree(codes[c]);
+      cudaFree(packed[c]);
       cudaFree(exps[c]);
     }
   }

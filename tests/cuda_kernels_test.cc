@@ -271,14 +271,15 @@ std::unique_ptr<Shard> MakeShard(int64_t n, int64_t k, uint64_t seed, float mul 
 // output against the float64 reference (computed for all rows of x over ref_n >= n columns).
 void CheckGemv(const Shard& s, const DeviceBuffer<uint16_t>& dx, const Reference& ref,
                int64_t ref_n, int m, int64_t n, int mode /* 0 fast, -1 fallback, >0 depth */,
-               double* worst_rel) {
+               double* worst_rel, const uint8_t* codes = nullptr /* else s.codes */) {
+  if (!codes) codes = s.codes.get();
   DeviceBuffer<float> dy(static_cast<size_t>(m) * n);
   DH_CU(cudaMemcpy(dy.get(), Poisoned(dy.size()).data(), dy.size() * 4, cudaMemcpyHostToDevice));
   if (mode == 0) {
-    DH_CU(cuda::HeadGemvFp8(dx.get(), m, s.k, s.codes.get(), s.exps.get(), n, dy.get(), n, true,
+    DH_CU(cuda::HeadGemvFp8(dx.get(), m, s.k, codes, s.exps.get(), n, dy.get(), n, true,
                             nullptr));
   } else {
-    DH_CU(cuda::HeadGemvFp8Variant(dx.get(), m, s.k, s.codes.get(), s.exps.get(), n, dy.get(), n,
+    DH_CU(cuda::HeadGemvFp8Variant(dx.get(), m, s.k, codes, s.exps.get(), n, dy.get(), n,
                                    mode, nullptr));
   }
   DH_CU(cudaDeviceSynchronize());
@@ -381,6 +382,101 @@ TEST_F(CudaGemv, TmaRingVariantsAreCorrect) {
   std::printf("ring: worst |err|/sum|xw| %.3g\n", worst);
 }
 
+// ---- issue 23: codes in fragment order -------------------------------------------------------
+// The layout head_gemv.cuh documents, computed on the host from the row-major codes.
+std::vector<uint8_t> PackOnHost(const std::vector<uint8_t>& codes, int64_t n, int64_t k) {
+  std::vector<uint8_t> p(cuda::Fp8PackedCodesBytes(n, k), 0xee);
+  const int64_t steps = cuda::PackedSteps(k);
+  for (int64_t tile = 0; tile < cuda::PackedTiles(n); ++tile)
+    for (int64_t s = 0; s < steps; ++s)
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l)
+          for (int b = 0; b < 16; ++b) {
+            const int64_t row = tile * 16 + 8 * h + l / 4, col = s * 64 + 16 * (l % 4) + b;
+            p[((tile * steps + s) * 2 + h) * 512 + 16 * l + b] =
+                row < n && col < k ? codes[row * k + col] : 0;
+          }
+  return p;
+}
+
+std::unique_ptr<DeviceBuffer<uint8_t>> PackOnDevice(const Shard& s) {
+  auto p = std::make_unique<DeviceBuffer<uint8_t>>(cuda::Fp8PackedCodesBytes(s.n, s.k));
+  EXPECT_EQ(cudaMemset(p->get(), 0xee, p->size()), cudaSuccess);  // every byte must be written
+  EXPECT_EQ(cuda::PackFp8Codes(s.codes.get(), s.n, s.k, p->get(), nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return p;
+}
+
+TEST(CudaGemvShapes, FragmentOrderPackingMatchesTheLayout) {
+  DH_SKIP_WITHOUT_GPU();
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 32}, {33, 96}, {517, 5120}, {70, 2080}, {64, 512}}) {
+    auto s = MakeShard(n, k, 500 + n);
+    auto p = PackOnDevice(*s);
+    EXPECT_EQ(p->Download(p->size()), PackOnHost(s->hcodes, n, k)) << n << "x" << k;
+  }
+  DeviceBuffer<uint8_t> a(1 << 16), b(1 << 16);
+  EXPECT_EQ(cuda::PackFp8Codes(a.get(), 1, 48, b.get(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::PackFp8Codes(a.get(), 0, 64, b.get(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::PackFp8Codes(a.get() + 1, 1, 64, b.get(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::PackFp8Codes(nullptr, 1, 64, b.get(), nullptr), cudaErrorInvalidValue);
+}
+
+// Every packed variant on the real shard, the full vocabulary, CTAs with fewer units than warps
+// (n = 1000, 17); every M on the shard for the packed default; a row alone and inside batches of
+// every bucket gives bit-identical outputs.
+TEST_F(CudaGemv, FragmentOrderVariantsAreCorrect) {
+  DH_SKIP_WITHOUT_GPU();
+  const auto packed = PackOnDevice(*shard_);
+  double worst = 0;
+  for (int m = 1; m <= 64; ++m)
+    CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 700, &worst, packed->get());
+  for (int v : {700, 702, 708, 740, 741, 750, 760})
+    for (int m : {1, 5, 9, 16, 17, 33, 64}) {
+      if (m > 16 && (v == 708 || v == 760)) continue;
+      for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
+        CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst, packed->get());
+    }
+  std::printf("fragment order: worst |err|/sum|xw| %.3g\n", worst);
+
+  const int64_t n = 32320;
+  DeviceBuffer<float> alone(n), batch(64 * n);
+  for (int r : {0, 3, 63}) {
+    DH_CU(cuda::HeadGemvFp8Variant(dx_->get() + r * 5120, 1, 5120, packed->get(), shard_->exps.get(),
+                                   n, alone.get(), n, 700, nullptr));
+    DH_CU(cudaDeviceSynchronize());
+    const auto a = alone.Download(n);
+    for (int m : {r + 1, 8, 16, 24, 40, 64}) {
+      if (m <= r) continue;
+      DH_CU(cuda::HeadGemvFp8Variant(dx_->get(), m, 5120, packed->get(), shard_->exps.get(), n,
+                                     batch.get(), n, 700, nullptr));
+      DH_CU(cudaDeviceSynchronize());
+      const auto b = batch.Download(static_cast<size_t>(m) * n);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data() + static_cast<size_t>(r) * n, n * 4))
+          << "row " << r << " alone vs in a batch of " << m;
+    }
+  }
+}
+
+TEST(CudaGemvShapes, FragmentOrderOddShapes) {
+  DH_SKIP_WITHOUT_GPU();
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 32}, {33, 96}, {1000, 160}, {517, 5120}, {70, 2080}, {4096, 12288}}) {
+    auto s = MakeShard(n, k, 600 + n);
+    const auto packed = PackOnDevice(*s);
+    const auto x = MakeHidden(64, k, 17 + n);
+    DeviceBuffer<uint16_t> dx(x.size());
+    DH_CU(dx.Upload(x));
+    const auto ref = ComputeReference(x, 64, k, s->hcodes.data(), s->hexps.data(), nullptr, n);
+    for (int v : {700, 741, 760})
+      for (int m : {1, 8, 9, 16, 17, 40, 64}) {
+        if (m > 16 && v == 760) continue;
+        if (v == 760 && k == 12288) continue;  // K split needs x whole in shared memory
+        CheckGemv(*s, dx, ref, n, m, n, v, nullptr, packed->get());
+      }
+  }
+}
+
 TEST(CudaGemvShapes, TmaRingOddShapes) {
   DH_SKIP_WITHOUT_GPU();
   for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
@@ -451,6 +547,8 @@ TEST(CudaGemvShapes, SubnormalCodesAreExact) {
     CheckGemv(s, dx, ref, n, m, n, 100, nullptr);  // f16-convert route
   }
   for (int m : {1, 16}) CheckGemv(s, dx, ref, n, m, n, 508, nullptr);  // TMA ring, smem dequant
+  const auto packed = PackOnDevice(s);
+  for (int m : {1, 16, 64}) CheckGemv(s, dx, ref, n, m, n, 700, nullptr, packed->get());
 }
 
 TEST(CudaGemvShapes, HugeBlocksUseTheExactFallback) {

@@ -49,7 +49,33 @@ __global__ void __launch_bounds__(256) GemvFp8Fallback(const uint16_t* __restric
   }
 }
 
+// One thread a 16-byte piece of the packed layout (head_gemv.cuh).
+__global__ void PackFp8CodesKernel(const uint8_t* __restrict__ codes, int64_t n, int64_t k,
+                                   uint4* __restrict__ packed, int64_t pieces) {
+  const int64_t steps = PackedSteps(k);
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pieces;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int lane = static_cast<int>(p & 31), half = static_cast<int>((p >> 5) & 1);
+    const int64_t step = (p >> 6) % steps, tile = (p >> 6) / steps;
+    const int64_t row = tile * 16 + 8 * half + (lane >> 2), col = step * 64 + 16 * (lane & 3);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < n && col < k) v = *reinterpret_cast<const uint4*>(codes + row * k + col);
+    packed[p] = v;
+  }
+}
+
 }  // namespace
+
+cudaError_t PackFp8Codes(const uint8_t* codes, int64_t n, int64_t k, uint8_t* packed,
+                         cudaStream_t stream) {
+  if (n < 1 || k < 32 || k % 32 != 0 || !codes || !packed || !Aligned16(codes) || !Aligned16(packed))
+    return cudaErrorInvalidValue;
+  const int64_t pieces = Fp8PackedCodesBytes(n, k) / 16;
+  const int64_t blocks = std::min<int64_t>((pieces + 255) / 256, 65535);
+  PackFp8CodesKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      codes, n, k, reinterpret_cast<uint4*>(packed), pieces);
+  return cudaGetLastError();
+}
 
 bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count) {
   for (int64_t i = 0; i < count; ++i)

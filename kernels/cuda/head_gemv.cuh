@@ -35,4 +35,26 @@ cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* code
 // Host-side check of a twin's exponents for the fast path (all bytes <= 134).
 bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count);
 
+// ---- fragment order (issue 23) ---------------------------------------------------------------
+// The codes rearranged so that each warp load of the tensor-core kernel reads 512 contiguous
+// bytes and a warp's 16-row tile is one contiguous stream (the twin's row-major [n, k] order
+// makes every load touch 8 rows x 64 bytes). Tile T (rows 16T..16T+15), 64-column step s, half h
+// (rows +0 / +8), lane l = 4g + t: the 16 codes of row 16T + 8h + g, columns 64s + 16t .. +15,
+// sit at byte ((T * PackedSteps(k) + s) * 2 + h) * 512 + 16 l. Rows past n and columns past k are
+// zero codes; tiles are padded to pairs (32-row exponent blocks) and steps to kPackStepAlign.
+inline constexpr int kPackStepAlign = 8;
+__host__ __device__ constexpr int64_t PackedSteps(int64_t k) {
+  return ((k + 63) / 64 + kPackStepAlign - 1) / kPackStepAlign * kPackStepAlign;
+}
+__host__ __device__ constexpr int64_t PackedTiles(int64_t n) { return (n + 31) / 32 * 2; }
+constexpr int64_t Fp8PackedCodesBytes(int64_t n, int64_t k) {
+  return PackedTiles(n) * PackedSteps(k) * 1024;
+}
+
+// Writes the fragment order of codes [n, k] into packed (Fp8PackedCodesBytes(n, k) bytes, device
+// memory, 16-byte aligned, not overlapping codes). Asynchronous on stream; cudaErrorInvalidValue
+// for k not a positive multiple of 32, n < 1 or misaligned pointers.
+cudaError_t PackFp8Codes(const uint8_t* codes, int64_t n, int64_t k, uint8_t* packed,
+                         cudaStream_t stream);
+
 }  // namespace drafthead::cuda

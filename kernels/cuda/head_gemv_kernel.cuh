@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -152,6 +153,7 @@ struct GemvArgs {
   int chunk_steps;  // steps per x chunk (== steps when x fits whole), a multiple of D
   int row_bytes;    // shared-memory stride of one x row: 16 mod 128 keeps B loads conflict-free
   int red_off;      // KS > 1: byte offset of the split-K partial sums in shared memory
+  int64_t pack_steps;  // PACK: 64-column steps a 16-row tile holds in the packed codes
 };
 
 template <int MT, int NT>
@@ -178,9 +180,16 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 // PDL (issue 12): launched with programmatic stream serialization, the kernel lets the next
 // kernel in the stream launch early and waits for the previous one (griddepcontrol.wait) only
 // before it reads x; the first D weight loads are issued before that wait.
+// PACK (issue 23): codes in the fragment order of head_gemv.cuh (PackFp8Codes): a lane's 16 bytes
+// of one row and step sit at tile * pack_steps * 1024 + step * 1024 + half * 512 + lane * 16, so
+// each warp load reads 512 contiguous bytes and a warp's tile is one contiguous stream; no row or
+// column clamps (the packing zero-pads rows and steps). PFD > 0 then means: lane 0 prefetches the
+// tile's stream into L2 in 4 KB pieces PFD steps ahead of the loads.
 template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
-          int PFD = 0, bool PDL = false>
+          int PFD = 0, bool PDL = false, bool PACK = false>
 __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+  static_assert(!PACK || (kPackStepAlign % (D * KS) == 0 && PFD % 4 == 0),
+                "packed codes: the step padding must cover the pipeline; 4 KB prefetch pieces");
   static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
   constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -214,10 +223,15 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
     // zero there). Codes are always finite (the twin never makes the NaN code), so the garbage
     // weights contribute exactly 0.
     const uint8_t* rowp[2 * RT];
+    const int64_t bc = min(blk, nblk - 1);
 #pragma unroll
     for (int i = 0; i < 2 * RT; ++i) {
-      const int64_t r = min(r0 + g + 8 * i, a.n - 1);
-      rowp[i] = a.codes + r * a.k;
+      if constexpr (PACK) {
+        rowp[i] = a.codes + ((bc * RT + i / 2) * a.pack_steps * 2 + (i & 1)) * 512 + lane * 16;
+      } else {
+        const int64_t r = min(r0 + g + 8 * i, a.n - 1);
+        rowp[i] = a.codes + r * a.k;
+      }
     }
     const uint8_t* ep = a.exps + (min(blk, nblk - 1) * kRows / 32) * kblocks;
     const int64_t last_col = a.k - 16;
@@ -227,12 +241,29 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
     uint32_t eq[D];
     auto load = [&](int s, int slot) {
       if (!active || s >= s_end) return;  // warp-uniform
-      const int64_t col = min(static_cast<int64_t>(s) * 64 + 16 * t, last_col);
+      const int64_t col = PACK ? static_cast<int64_t>(s) * 1024
+                               : min(static_cast<int64_t>(s) * 64 + 16 * t, last_col);
 #pragma unroll
       for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream<HINT>(rowp[i] + col);
       eq[slot] = __ldg(ep + min(static_cast<int64_t>(2 * s + (t >> 1)), last_kb));
     };
-    if constexpr (PFD > 0) {
+    // PACK: tile T's stream starts at tile_base(T); 4 KB pieces (4 steps) PFD steps ahead.
+    auto tile_base = [&](int T) { return a.codes + (bc * RT + T) * a.pack_steps * 1024; };
+    auto prefetch_packed = [&](int s) {
+      if (active && lane == 0 && s + 4 <= a.pack_steps) {
+#pragma unroll
+        for (int T = 0; T < RT; ++T) PrefetchL2(tile_base(T) + static_cast<int64_t>(s) * 1024, 4096);
+      }
+    };
+    if constexpr (PACK && PFD > D) {
+      const int64_t steps = min(static_cast<int64_t>(PFD - D), a.pack_steps - s_begin - D);
+      if (active && lane == 0 && steps > 0) {  // the steps between the first loads and the first in-loop prefetch
+#pragma unroll
+        for (int T = 0; T < RT; ++T)
+          PrefetchL2(tile_base(T) + (s_begin + D) * 1024, static_cast<uint32_t>(steps * 1024));
+      }
+    }
+    if constexpr (PFD > 0 && !PACK) {
       if (active && t == 0) {
         const int64_t end = min(static_cast<int64_t>(PFD + 8) * 64, a.k);
 #pragma unroll
@@ -285,7 +316,9 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int s = s0 + d;
-        if constexpr (PFD > 0) {
+        if constexpr (PFD > 0 && PACK) {
+          if ((s & 3) == 0) prefetch_packed(s + PFD);
+        } else if constexpr (PFD > 0) {
           if (active && t == 0 && (s & 7) == 0) {
             const int64_t off = static_cast<int64_t>(s + PFD + 8) * 64;
             if (off < a.k) {
@@ -362,19 +395,47 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 }
 
 // ---- dispatch -------------------------------------------------------------------------------
-template <int MT, int D, int CONV = kConvPrmt, int RT = (MT <= 2 ? 1 : 2), int W = WarpsFor(RT),
-          int KS = 1, bool HINT = true, int PFD = 0, bool PDL = false>
+constexpr int RtFor(int mt) { return mt <= 2 ? 1 : 2; }
+
+// What a launch needs from the device, set up once per (kernel, device): the shared-memory opt-in
+// (cudaFuncSetAttribute) and the SM count. The current device is read per launch (a thread-local
+// read in the runtime) so that one process may drive several devices.
+constexpr int kMaxDevices = 64;
+inline cudaError_t DeviceSms(int dev, int* sms) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    DH_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  *sms = v;
+  return cudaSuccess;
+}
+// `prepared`: one bit a device, one per kernel (a static of the caller's instantiation).
+inline cudaError_t PrepareKernel(void (*kernel)(GemvArgs), std::atomic<uint64_t>& prepared, int* sms) {
+  int dev = 0;
+  DH_CUDA_TRY(cudaGetDevice(&dev));
+  DH_CUDA_TRY(DeviceSms(dev, sms));
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  const uint64_t bit = uint64_t{1} << dev;
+  if (!(prepared.load(std::memory_order_acquire) & bit)) {
+    DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
+    prepared.fetch_or(bit, std::memory_order_release);
+  }
+  return cudaSuccess;
+}
+
+template <int MT, int D, int CONV = kConvPrmt, int RT = RtFor(MT), int W = WarpsFor(RT),
+          int KS = 1, bool HINT = true, int PFD = 0, bool PDL = false, bool PACK = false>
 cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                        cudaStream_t stream) {
-  // Cheap runtime calls; done per launch so a process may use several devices.
-  auto kernel = GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD, PDL>;
-  DH_CUDA_TRY(cudaFuncSetAttribute(kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
-  int dev = 0, sms = 0;
-  DH_CUDA_TRY(cudaGetDevice(&dev));
-  DH_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0};
+  auto kernel = GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD, PDL, PACK>;
+  static std::atomic<uint64_t> prepared{0};
+  int sms = 0;
+  DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
+  GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0, PackedSteps(k)};
   const int raw_steps = static_cast<int>((k + 63) / 64);
   a.steps = (raw_steps + D * KS - 1) / (D * KS) * (D * KS);
   const int rows = MT * 8;
@@ -422,22 +483,25 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
 // or within noise of 8 and 3 in run 5, docs/cuda.md; no spills at 4 up to 64 rows).
 constexpr int kDefaultDepth = 4;
 
-// One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D.
-template <int D, int CONV = kConvPrmt, bool PDL = false>
+// One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D (16-row warps for
+// buckets 1-2, 32-row warps above). PACK: codes in fragment order (no L2::256B hint: every load
+// is four whole lines already).
+template <int D, int CONV = kConvPrmt, bool PDL = false, bool PACK = false, int PFD = 0>
 cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                              const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                              cudaStream_t stream) {
+  constexpr bool kHint = !PACK;
   switch ((m + 7) / 8) {
     // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
     // K-split variants 302/314 within 0-3.5%: none replaces these.)
-    case 1: return LaunchFast<1, D, CONV, (1 <= 2 ? 1 : 2), WarpsFor(1 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, CONV, (2 <= 2 ? 1 : 2), WarpsFor(2 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 3: return LaunchFast<3, D, CONV, (3 <= 2 ? 1 : 2), WarpsFor(3 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 4: return LaunchFast<4, D, CONV, (4 <= 2 ? 1 : 2), WarpsFor(4 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 5: return LaunchFast<5, D, CONV, (5 <= 2 ? 1 : 2), WarpsFor(5 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 6: return LaunchFast<6, D, CONV, (6 <= 2 ? 1 : 2), WarpsFor(6 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 7: return LaunchFast<7, D, CONV, (7 <= 2 ? 1 : 2), WarpsFor(7 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 8: return LaunchFast<8, D, CONV, (8 <= 2 ? 1 : 2), WarpsFor(8 <= 2 ? 1 : 2), 1, true, 0, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, D, CONV, RtFor(1), WarpsFor(RtFor(1)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, CONV, RtFor(2), WarpsFor(RtFor(2)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, D, CONV, RtFor(3), WarpsFor(RtFor(3)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, D, CONV, RtFor(4), WarpsFor(RtFor(4)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, D, CONV, RtFor(5), WarpsFor(RtFor(5)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, D, CONV, RtFor(6), WarpsFor(RtFor(6)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, D, CONV, RtFor(7), WarpsFor(RtFor(7)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, D, CONV, RtFor(8), WarpsFor(RtFor(8)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -17,6 +17,18 @@ cudaError_t SmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes, co
   }
 }
 
+// Issue 23: codes in fragment order (PackFp8Codes), 16-row units, M <= 16 only: K split across
+// warps (W warps, KS parts).
+template <int D, int W, int KS>
+cudaError_t PackedSmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                         const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    case 1: return LaunchFast<1, D, kConvPrmt, 1, W, KS, false, 0, false, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, D, kConvPrmt, 1, W, KS, false, 0, false, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 // Issue 12: the TMA ring (head_gemv_ring.cuh), M <= 16. C consumer warps, exponents EQ stages
 // ahead.
 template <int C, int EQ, bool PDL, bool EVICT_FIRST>
@@ -55,6 +67,15 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 408: return SmallM<4, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 416: return SmallM<4, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 700: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 702: return DispatchByBucket<2, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 708:
+        if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
+        return DispatchByBucket<8, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 740: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 741: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 750: return DispatchByBucket<kDefaultDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 760: return PackedSmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);

@@ -21,6 +21,10 @@ namespace drafthead::cuda {
 // with an L2 evict-first policy on the copies; 538 = both; 548 / 588 = 508 with exponents 1 / 8
 // stages ahead (548 is round 3's run-1 kernel); 564 = 16 consumer warps, 4 stages of 32 KB; 574 =
 // 564 with PDL; 604 = the default kernel (every M) launched with programmatic dependent launch.
+// Issue 23, codes in fragment order (`codes` must then be PackFp8Codes's output): 700 = the
+// default dispatch on packed codes, 702 / 708 = depth 2 / 8 (708: M <= 16), 740 / 741 = 700 with
+// lane 0 prefetching the tile's stream into L2 8 / 16 steps ahead, 750 = 700 with PDL, 760 = 32
+// warps a CTA with K split in 2, depth 2 (M <= 16).
 // Unknown variants: cudaErrorInvalidValue.
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,

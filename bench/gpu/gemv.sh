@@ -1,0 +1,59 @@
+#!/bin/bash
+# The fp8 GEMV's device run (docs/cuda.md, rounds 3-4): after `source bench/gpu/env.sh`, from the
+# repository root, in one call of the device tool:
+#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|all]...
+# new: the tests matching $NEW once (the new kernels' tests, run first so a failure shows before
+# the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
+# once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
+# only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
+# on one M = 1 launch on one shard of the production kernel and of the packed one (variant 700).
+# Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv | tee "$out/smi.txt"
+step() {  # step NAME LIMIT_S CMD...: runs CMD with a limit, output to $out/NAME.log, rc printed
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+  grep -E "PASSED|FAILED|tests ran|Repeating" "$out/$name.log" | sort | uniq -c | tail -6 | tee -a "$out/summary.txt"
+}
+for what in "${@:-all}"; do
+  if [[ $what == new ]]; then
+    step new_tests 120 cuda_kernels_test --gtest_filter="${NEW:-*FragmentOrder*}"
+    grep -E "fragment order:|Failure|Expected|Which is|m=" "$out/new_tests.log" | head -20
+  fi
+  if [[ $what == all || $what == bench ]]; then
+    step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
+    cat "$out/bench_base.log"
+  fi
+  if [[ $what == all || $what == tests50 || $what == tests ]]; then
+    kreps=${KREPS:-50} breps=${BREPS:-50}
+    [[ $what == tests ]] && kreps=1 breps=1
+    [[ $kreps -gt 0 ]] && step kernels_test 400 cuda_kernels_test --gtest_repeat=$kreps --gtest_brief=1
+    [[ $breps -gt 0 ]] && step backend_test 400 cuda_backend_test --gtest_repeat=$breps --gtest_brief=1
+  fi
+  if [[ $what == all || $what == bench ]]; then
+    step bench 200 drafthead-bench-cuda --no-epilogue
+    cat "$out/bench.log"
+  fi
+done
+if [[ ${NCU:-0} == 1 ]]; then
+  ncu_args=(--clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
+            --section WarpStateStats --section SchedulerStats --section Occupancy -c 1)
+  # One M = 1 launch on one shard: the production kernel (--quick: its first launches after the
+  # warm-up), then the packed default (variant 700: the fifth column; 33 launches per column).
+  step ncu_reg 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip 5 \
+    drafthead-bench-cuda --ms=1 --ns=32320 --no-epilogue --iters=3 --quick
+  step ncu_pk 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip $((33 * 5 + 5)) \
+    drafthead-bench-cuda --ms=1 --ns=32320 --no-epilogue --iters=3
+  for f in ncu_reg ncu_pk; do
+    echo "== $f"
+    grep -E "GemvFp8Kernel|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Issued Warp|No Eligible|Active Warps|L2 Hit|Registers" "$out/$f.log" | head -30
+  done
+fi
+cat "$out/summary.txt"
