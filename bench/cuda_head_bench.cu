@@ -175,18 +175,17 @@ int main(int argc, char** argv) {
     });
     std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB); fragment-order packing %.3f ms\n\n",
                 twin_ms, wbytes * 2 / 1e6, fp8_mb, pack_ms);
-    // Columns: d4 (the default kernel again: noise), d4+pdl (604), w32ks2d2 (302, round 2's best
-    // variant), the issue-12 TMA ring's best (574); issue 23's kernels on codes in fragment order
-    // (70x-76x: `pk`; head_gemv_variants.h lists the variants).
+    // Columns: d4 (the default kernel again: noise), d4+pdl (604); issue 23's kernels on codes in
+    // fragment order (70x-77x: `pk`; head_gemv_variants.cuh lists the variants).
     struct Col {
       const char* name;
       int variant;
       int max_m;
     };
     const std::vector<Col> cols = {
-        {"d4", 4, 64},         {"d4+pdl", 604, 64},  {"w32ks2d2", 302, 16}, {"c16 ring4+pdl", 574, 16},
-        {"pk d4", 700, 64},    {"pk d2", 702, 64},   {"pk d8", 708, 16},    {"pk pf8", 740, 64},
-        {"pk pf16", 741, 64},  {"pk+pdl", 750, 64},  {"pk w32ks2d2", 760, 16}};
+        {"d4", 4, 64},           {"d4+pdl", 604, 64},     {"pk d4", 700, 64},     {"pk d2", 702, 64},
+        {"pk w32ks2d2", 760, 16}, {"pk770", 770, 64},     {"pk770+pdl", 771, 64}, {"pk770 pf8", 773, 64},
+        {"pk770 dl4", 774, 64},  {"pk d4 pf8", 740, 64}};
     auto is_packed = [](int variant) { return variant >= 700 && variant < 800; };
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);

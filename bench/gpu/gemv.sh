@@ -6,7 +6,7 @@
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
 # only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
-# on one M = 1 launch on one shard of the production kernel and of the packed one (variant 700).
+# on one M = 1 launch on one shard of the production kernel and of the packed dispatch (variant 770).
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}

@@ -188,8 +188,9 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
           int PFD = 0, bool PDL = false, bool PACK = false>
 __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
-  static_assert(!PACK || (kPackStepAlign % (D * KS) == 0 && PFD % 4 == 0),
-                "packed codes: the step padding must cover the pipeline; 4 KB prefetch pieces");
+  static_assert(!PACK || (kPackStepAlign % (D * KS) == 0 && PFD % 4 == 0 && KS <= 2),
+                "packed codes: the step padding must cover the pipeline; 4 KB prefetch pieces; "
+                "K in two halves");
   static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
   constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -299,6 +300,23 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
     int chunk_step0 = 0;
     const uint8_t* xs = smem;
     for (int s0 = s_begin; s0 < s_end; s0 += D) {
+      if constexpr (PACK && KS == 1) {
+        // K in two halves as the K-split kernels add them (first + second), so that every bucket
+        // gives a row the same bits: the first half's sums wait in y (this thread's own outputs).
+        if (active && s0 == a.steps / 2) {
+#pragma unroll
+          for (int T = 0; T < RT; ++T)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int64_t nn = r0 + 16 * T + g + ((c & 2) ? 8 : 0);
+                const int mm = mt * 8 + 2 * t + (c & 1);
+                if (mm < a.m && nn < a.n) a.y[mm * a.ldy + nn] = acc[T][mt][c];
+                acc[T][mt][c] = 0.f;
+              }
+        }
+      }
       if (!single && s0 % a.chunk_steps == 0) {
         const int q = s0 / a.chunk_steps;
         __syncthreads();  // everyone is done with the buffer chunk q+1 goes to
@@ -387,7 +405,10 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
         for (int c = 0; c < 4; ++c) {
           const int64_t nn = r0 + 16 * T + g + ((c & 2) ? 8 : 0);
           const int mm = mt * 8 + 2 * t + (c & 1);
-          if (mm < a.m && nn < a.n) a.y[mm * a.ldy + nn] = acc[T][mt][c];
+          if (mm < a.m && nn < a.n) {
+            float* yp = a.y + mm * a.ldy + nn;
+            *yp = (PACK && KS == 1) ? *yp + acc[T][mt][c] : acc[T][mt][c];
+          }
         }
       }
     }
@@ -437,7 +458,8 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
   GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0, PackedSteps(k)};
   const int raw_steps = static_cast<int>((k + 63) / 64);
-  a.steps = (raw_steps + D * KS - 1) / (D * KS) * (D * KS);
+  // Packed codes: every kernel walks the padded steps (zeros past k), split in two equal halves.
+  a.steps = PACK ? static_cast<int>(a.pack_steps) : (raw_steps + D * KS - 1) / (D * KS) * (D * KS);
   const int rows = MT * 8;
   auto bytes_for = [&](int chunk_steps, int bufs) {
     return static_cast<size_t>(bufs) * rows * (chunk_steps * 128 + 16);
@@ -502,6 +524,38 @@ cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t*
     case 6: return LaunchFast<6, D, CONV, RtFor(6), WarpsFor(RtFor(6)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
     case 7: return LaunchFast<7, D, CONV, RtFor(7), WarpsFor(RtFor(7)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
     case 8: return LaunchFast<8, D, CONV, RtFor(8), WarpsFor(RtFor(8)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Codes in fragment order (head_gemv.cuh), m <= 64: buckets 1-2 (m <= 16) on 32 warps a CTA with
+// K split in two across warp pairs (depth DS): a shard's ~2000 16-row tiles then keep 32 warps a
+// SM busy (docs/cuda.md round 4); where x does not fit whole in shared memory beside the partial
+// sums (k above ~6000 at m > 8), on 16 warps x 16 rows; buckets 3-8 on 8 warps x 32 rows (depth
+// DL). Every kernel adds K in the same two halves, so a row's outputs do not depend on its batch.
+// PFD: lane 0's L2 prefetch distance for buckets 1-2.
+template <int MT, int DS, bool PDL, int PFD>
+cudaError_t LaunchPackedSmall(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                              const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                              cudaStream_t stream) {
+  const cudaError_t e = LaunchFast<MT, DS, kConvPrmt, 1, 32, 2, false, PFD, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (e != cudaErrorNotSupported) return e;
+  return LaunchFast<MT, DS, kConvPrmt, 1, 16, 1, false, PFD, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+}
+
+template <int DS, int DL, bool PDL = false, int PFD = 0>
+cudaError_t DispatchPacked(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                           const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                           cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    case 1: return LaunchPackedSmall<1, DS, PDL, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchPackedSmall<2, DS, PDL, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }

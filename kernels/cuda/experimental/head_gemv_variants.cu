@@ -76,6 +76,10 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 741: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 750: return DispatchByBucket<kDefaultDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 760: return PackedSmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 770: return DispatchPacked<2, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 771: return DispatchPacked<2, 2, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 773: return DispatchPacked<2, 2, false, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 774: return DispatchPacked<2, 4>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
