@@ -1,6 +1,7 @@
 // server/app/config.h's rules: the one device rule (ChooseDevice) that the CUDA backend, NCCL and
 // CUDA regions all take their GPU from (the visible count injected, so no GPU is needed), and the
-// forms --listen accepts (CheckListenAddress), and --queue-policy reaching the batcher's options.
+// forms --listen accepts (CheckListenAddress), --queue-policy reaching the batcher's options, and
+// --isa reaching the CPU backend's.
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -11,6 +12,7 @@
 ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, synthetic);
 ABSL_DECLARE_FLAG(std::string, queue_policy);
+ABSL_DECLARE_FLAG(std::string, isa);
 
 namespace drafthead {
 namespace {
@@ -78,6 +80,26 @@ TEST(ServerConfigTest, QueuePolicyReachesTheBatcher) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--queue-policy"), std::string::npos) << bad.status();
   absl::SetFlag(&FLAGS_queue_policy, "fair");
+}
+
+// --isa: auto by default (the widest GEMV this CPU has), an explicit path passed through as it is
+// (scalar runs on every CPU), unknown names refused naming the flag.
+TEST(ServerConfigTest, IsaReachesTheCpuBackend) {
+  absl::SetFlag(&FLAGS_tp, 1);
+  absl::SetFlag(&FLAGS_synthetic, std::optional<uint64_t>(1));
+  auto dflt = ServerConfigFromFlags();
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_EQ(dflt->backend_options.cpu_isa, cpu::GemvIsa::kAuto);
+  absl::SetFlag(&FLAGS_isa, "scalar");
+  auto scalar = ServerConfigFromFlags();
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  EXPECT_EQ(scalar->backend_options.cpu_isa, cpu::GemvIsa::kScalar);
+  absl::SetFlag(&FLAGS_isa, "avx1024");
+  auto bad = ServerConfigFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--isa"), std::string::npos) << bad.status();
+  absl::SetFlag(&FLAGS_isa, "auto");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// HeadGemvFp8 / HeadGemvBf16 (both ISA paths) against float64 dot products of bf16 x and the
+// HeadGemvFp8 / HeadGemvBf16 (every ISA path here) against float64 dot products of bf16 x and the
 // exactly dequantized weights (tests/reference.cc). Tolerance per output: 1e-5 * sum_k |x w|
 // plus a tiny absolute floor. Outputs are poisoned with NaN before every call, and the columns
 // past n in a padded ldy must stay untouched.
@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -108,11 +107,9 @@ std::vector<int> AllM() {
 TEST(HeadGemv, Dispatch) {
   const std::string isa = cpu::HeadGemvIsa();
   EXPECT_TRUE(isa == "avx512bf16" || isa == "avx2" || isa == "scalar");
-  if (std::getenv("DRAFTHEAD_CPU_GEMV") == nullptr) {
-    const bool avx512 = cpu::GemvIsaAvailable(GemvIsa::kAvx512Bf16);
-    EXPECT_EQ(isa == "avx512bf16", avx512);
-    EXPECT_EQ(isa == "avx2", !avx512 && cpu::GemvIsaAvailable(GemvIsa::kAvx2));
-  }
+  const bool avx512 = cpu::GemvIsaAvailable(GemvIsa::kAvx512Bf16);
+  EXPECT_EQ(isa == "avx512bf16", avx512);
+  EXPECT_EQ(isa == "avx2", !avx512 && cpu::GemvIsaAvailable(GemvIsa::kAvx2));
   EXPECT_TRUE(cpu::GemvIsaAvailable(GemvIsa::kScalar));
   for (GemvIsa i : {GemvIsa::kAuto, GemvIsa::kScalar, GemvIsa::kAvx2, GemvIsa::kAvx512Bf16}) {
     GemvIsa back = GemvIsa::kScalar;
@@ -306,8 +303,10 @@ TEST(HeadGemv, ARowsResultDoesNotDependOnItsBatch) {
   }
 }
 
+// HeadGemv* (kAuto) run the path HeadGemvIsa names (the widest this CPU has: Dispatch).
 TEST(HeadGemv, AutoMatchesTheChosenIsa) {
   const Twin t = RandomTwin(100, 256, 1300);
+  const auto w = ref::RandomBf16(100 * 256, 1302, 0.05);
   const auto x = ref::RandomBf16(5 * 256, 1301);
   GemvIsa chosen = GemvIsa::kScalar;
   ASSERT_TRUE(cpu::ParseGemvIsa(cpu::HeadGemvIsa(), &chosen));
@@ -317,6 +316,10 @@ TEST(HeadGemv, AutoMatchesTheChosenIsa) {
   cpu::HeadGemvFp8With(chosen, x.data(), 5, 256, t.codes.data(), t.exps.data(), 100, b.data(), 100,
                        pool);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  std::vector<float> c(500, kNaN), d(500, kNaN);
+  cpu::HeadGemvBf16(x.data(), 5, 256, w.data(), 100, c.data(), 100, pool);
+  cpu::HeadGemvBf16With(chosen, x.data(), 5, 256, w.data(), 100, d.data(), 100, pool);
+  EXPECT_EQ(std::memcmp(c.data(), d.data(), c.size() * 4), 0);
 }
 
 // The AVX-512 BF16 path against the AVX2 path: bit-identical where it hands the work to the AVX2
@@ -355,20 +358,26 @@ TEST(HeadGemvFp8, Avx512MatchesAvx2) {
   }
 }
 
-// Run by ctest as head_gemv_scalar_env with DRAFTHEAD_CPU_GEMV=scalar (and harmless without).
-TEST(IsaEnv, ScalarForcedByEnvironment) {
-  const char* env = std::getenv("DRAFTHEAD_CPU_GEMV");
-  if (env == nullptr || std::string(env) != "scalar") GTEST_SKIP() << "DRAFTHEAD_CPU_GEMV unset";
-  EXPECT_STREQ(cpu::HeadGemvIsa(), "scalar");
-  const Twin t = RandomTwin(100, 256, 1400);
-  const auto x = ref::RandomBf16(3 * 256, 1401);
+// The scalar path is reached by the GemvIsa argument alone (the server's --isa=scalar passes it),
+// on any CPU: bit for bit the scalar bands run single-threaded.
+TEST(HeadGemv, ExplicitScalarIsTheScalarPath) {
+  const int m = 3;
+  const int64_t n = 100, k = 256, bands = (n + 31) / 32;
+  const Twin t = RandomTwin(n, k, 1400);
+  const auto w = ref::RandomBf16(n * k, 1402, 0.05);
+  const auto x = ref::RandomBf16(m * k, 1401);
   cpu::ThreadPool pool(2);
-  std::vector<float> a(300, kNaN), b(300, kNaN);
-  cpu::HeadGemvFp8(x.data(), 3, 256, t.codes.data(), t.exps.data(), 100, a.data(), 100, pool);
-  cpu::HeadGemvFp8With(GemvIsa::kScalar, x.data(), 3, 256, t.codes.data(), t.exps.data(), 100,
-                       b.data(), 100, pool);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
-  CheckFp8(GemvIsa::kAuto, t, 3, pool, 1402);
+  std::vector<float> a(m * n, kNaN), b(m * n, kNaN);
+  cpu::HeadGemvFp8With(GemvIsa::kScalar, x.data(), m, k, t.codes.data(), t.exps.data(), n,
+                       a.data(), n, pool);
+  cpu::internal::Fp8BandsScalar(x.data(), m, k, t.codes.data(), t.exps.data(), n, b.data(), n, 0,
+                                bands);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "fp8";
+  std::fill(a.begin(), a.end(), kNaN);
+  std::fill(b.begin(), b.end(), kNaN);
+  cpu::HeadGemvBf16With(GemvIsa::kScalar, x.data(), m, k, w.data(), n, a.data(), n, pool);
+  cpu::internal::Bf16BandsScalar(x.data(), m, k, w.data(), n, b.data(), n, 0, bands);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "bf16";
 }
 
 }  // namespace

@@ -13,7 +13,3 @@ drafthead_add_test(head_gemv_test SOURCES head_gemv_test.cc
   LIBS drafthead_kernels_cpu drafthead_test_reference LABELS kernels TIMEOUT 600)
 drafthead_add_test(shard_reduce_test SOURCES shard_reduce_test.cc
   LIBS drafthead_kernels_cpu drafthead_test_reference LABELS kernels TIMEOUT 300)
-# The same GEMV binary with DRAFTHEAD_CPU_GEMV=scalar: HeadGemv* must then take the scalar path.
-add_test(NAME head_gemv_scalar_env COMMAND head_gemv_test --gtest_filter=IsaEnv.*)
-set_tests_properties(head_gemv_scalar_env PROPERTIES TIMEOUT 120 LABELS kernels
-  ENVIRONMENT "DRAFTHEAD_CPU_GEMV=scalar")

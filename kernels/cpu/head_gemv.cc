@@ -77,20 +77,11 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
-// kAuto: the widest path the CPU has, unless DRAFTHEAD_CPU_GEMV names an available one.
+// kAuto: the widest path the CPU has, nothing else (an explicit GemvIsa picks another).
 Resolved AutoIsa() {
-  static const Resolved r = [] {
-    const char* env = std::getenv("DRAFTHEAD_CPU_GEMV");
-    GemvIsa forced = GemvIsa::kAuto;
-    if (env != nullptr && ParseGemvIsa(env, &forced) && forced != GemvIsa::kAuto &&
-        GemvIsaAvailable(forced))
-      return forced == GemvIsa::kScalar ? Resolved::kScalar
-             : forced == GemvIsa::kAvx2 ? Resolved::kAvx2
-                                        : Resolved::kAvx512;
-    return CpuHasAvx512Bf16() ? Resolved::kAvx512
-           : CpuHasAvx2Fma()  ? Resolved::kAvx2
-                              : Resolved::kScalar;
-  }();
+  static const Resolved r = CpuHasAvx512Bf16() ? Resolved::kAvx512
+                            : CpuHasAvx2Fma()  ? Resolved::kAvx2
+                                               : Resolved::kScalar;
   return r;
 }
 

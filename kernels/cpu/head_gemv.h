@@ -7,9 +7,8 @@
 // whatever M is (rows are blocked inside).
 // Threads: work is split over output rows n on `pool`. Inputs are not modified; y must not alias.
 //
-// The environment variable DRAFTHEAD_CPU_GEMV=scalar|avx2|avx512bf16 forces that path for
-// HeadGemv* when the CPU has it (read once, at the first call), so whole-server tests can cover
-// it; the server's --isa flag and the bench's pass an explicit GemvIsa instead.
+// HeadGemv* take the widest path this CPU has; to force another (tests, the bench's and the
+// server's --isa), call HeadGemv*With with an explicit GemvIsa.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include "kernels/cuda/best_row.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/full_logits.cuh"
+#include "kernels/cuda/shard_reduce_internal.cuh"
 #include "kernels/cuda/split_reduce.cuh"
 #include "kernels/cuda/topk_select.cuh"
 

@@ -64,16 +64,4 @@ cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t 
 // values are read from rows_dev), so one captured CUDA graph serves both.
 uint32_t EpilogueLaunches(int64_t n_valid, const ReduceRow* rows_host, int nrows);
 
-namespace detail {
-// ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
-// kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the
-// split path off (every row on the one-CTA-a-row kernels), 512..4096 a fixed chunk (raised where
-// the row would need more than the split path's chunk limit; off past 4096).
-cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_shard,
-                                        int64_t n_valid, int32_t id_base,
-                                        const ReduceRow* rows_dev, int nrows, uint8_t* payload,
-                                        void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                                        const ReduceRow* rows_host, int split_chunk);
-}  // namespace detail
-
 }  // namespace drafthead::cuda

@@ -1,5 +1,7 @@
 #include "kernels/cuda/experimental/epilogue_variants.cuh"
 
+#include "kernels/cuda/shard_reduce_internal.cuh"
+
 namespace drafthead::cuda {
 
 cudaError_t ShardEpilogueVariant(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,

@@ -1,7 +1,9 @@
 // The fp8 GEMV for M <= 16 on a shared-memory ring fed by the bulk tensor copy engine (issue 12).
-// Internal to kernels/cuda; include after head_gemv_kernel.cuh (its dequantization and mma helpers).
-// Same contract as HeadGemvFp8 (head_gemv.cuh); LaunchRing returns cudaErrorNotSupported where
-// the ring does not fit (x too large for shared memory beside >= 2 stages), so callers fall back.
+// An experiment (drafthead_kernels_cuda_experimental only; instantiated by head_gemv_variants.cu);
+// include after kernels/cuda/head_gemv_kernel.cuh (its dequantization and mma helpers).
+// Same contract as HeadGemvFp8 (kernels/cuda/head_gemv.cuh); LaunchRing returns
+// cudaErrorNotSupported where the ring does not fit (x too large for shared memory beside >= 2
+// stages), so callers fall back.
 //
 // Why: the register pipeline of head_gemv_kernel.cuh holds D x 32 B a lane in flight and spends
 // issue slots on it; here one thread per CTA keeps S stages of 16 KB (128 columns x 8 units of 16
