@@ -246,8 +246,17 @@ struct Shard {
   std::vector<uint16_t> w;
   DeviceBuffer<uint16_t> dw;
   DeviceBuffer<uint8_t> codes, exps;
+  DeviceBuffer<uint8_t> packed;  // codes in the fast GEMV's fragment order
   std::vector<uint8_t> hcodes, hexps;
 };
+
+// Packs s.codes into s.packed, every byte poisoned first (the packing must write them all).
+void Pack(Shard& s) {
+  s.packed.Resize(cuda::Fp8PackedCodesBytes(s.n, s.k));
+  EXPECT_EQ(cudaMemset(s.packed.get(), 0xee, s.packed.size()), cudaSuccess);
+  EXPECT_EQ(cuda::PackFp8Codes(s.codes.get(), s.n, s.k, s.packed.get(), nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
 
 std::unique_ptr<Shard> MakeShard(int64_t n, int64_t k, uint64_t seed, float mul = 1.f) {
   auto s = std::make_unique<Shard>();
@@ -264,20 +273,23 @@ std::unique_ptr<Shard> MakeShard(int64_t n, int64_t k, uint64_t seed, float mul 
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   s->hcodes = s->codes.Download(s->codes.size());
   s->hexps = s->exps.Download(s->exps.size());
+  Pack(*s);
   return s;
 }
 
+bool IsPackedVariant(int mode) { return mode >= 700 && mode < 800; }
+
 // Runs the GEMV for the first m rows of x over the first n rows of the shard and checks every
 // output against the float64 reference (computed for all rows of x over ref_n >= n columns).
+// mode: 0 the production GEMV (packed codes), -1 the exact fallback, else a HeadGemvFp8Variant
+// (packed codes for 7xx, row-major for the others).
 void CheckGemv(const Shard& s, const DeviceBuffer<uint16_t>& dx, const Reference& ref,
-               int64_t ref_n, int m, int64_t n, int mode /* 0 fast, -1 fallback, >0 depth */,
-               double* worst_rel, const uint8_t* codes = nullptr /* else s.codes */) {
-  if (!codes) codes = s.codes.get();
+               int64_t ref_n, int m, int64_t n, int mode, double* worst_rel) {
+  const uint8_t* codes = mode == 0 || IsPackedVariant(mode) ? s.packed.get() : s.codes.get();
   DeviceBuffer<float> dy(static_cast<size_t>(m) * n);
   DH_CU(cudaMemcpy(dy.get(), Poisoned(dy.size()).data(), dy.size() * 4, cudaMemcpyHostToDevice));
   if (mode == 0) {
-    DH_CU(cuda::HeadGemvFp8(dx.get(), m, s.k, codes, s.exps.get(), n, dy.get(), n, true,
-                            nullptr));
+    DH_CU(cuda::HeadGemvFp8(dx.get(), m, s.k, codes, s.exps.get(), n, dy.get(), n, nullptr));
   } else {
     DH_CU(cuda::HeadGemvFp8Variant(dx.get(), m, s.k, codes, s.exps.get(), n, dy.get(), n,
                                    mode, nullptr));
@@ -399,21 +411,12 @@ std::vector<uint8_t> PackOnHost(const std::vector<uint8_t>& codes, int64_t n, in
   return p;
 }
 
-std::unique_ptr<DeviceBuffer<uint8_t>> PackOnDevice(const Shard& s) {
-  auto p = std::make_unique<DeviceBuffer<uint8_t>>(cuda::Fp8PackedCodesBytes(s.n, s.k));
-  EXPECT_EQ(cudaMemset(p->get(), 0xee, p->size()), cudaSuccess);  // every byte must be written
-  EXPECT_EQ(cuda::PackFp8Codes(s.codes.get(), s.n, s.k, p->get(), nullptr), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return p;
-}
-
 TEST(CudaGemvShapes, FragmentOrderPackingMatchesTheLayout) {
   DH_SKIP_WITHOUT_GPU();
   for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 32}, {33, 96}, {517, 5120}, {70, 2080}, {64, 512}}) {
-    auto s = MakeShard(n, k, 500 + n);
-    auto p = PackOnDevice(*s);
-    EXPECT_EQ(p->Download(p->size()), PackOnHost(s->hcodes, n, k)) << n << "x" << k;
+    auto s = MakeShard(n, k, 500 + n);  // packs on the device
+    EXPECT_EQ(s->packed.Download(s->packed.size()), PackOnHost(s->hcodes, n, k)) << n << "x" << k;
   }
   DeviceBuffer<uint8_t> a(1 << 16), b(1 << 16);
   EXPECT_EQ(cuda::PackFp8Codes(a.get(), 1, 48, b.get(), nullptr), cudaErrorInvalidValue);
@@ -423,19 +426,22 @@ TEST(CudaGemvShapes, FragmentOrderPackingMatchesTheLayout) {
 }
 
 // Rows 0, 3 and 63 of x alone and inside batches of every bucket: bit-identical outputs.
-void ExpectRowsBatchInvariant(const DeviceBuffer<uint16_t>& dx, int64_t k,
-                              const DeviceBuffer<uint8_t>& packed, const Shard& s, int64_t n,
+// variant 0: the production GEMV; else a packed HeadGemvFp8Variant.
+void ExpectRowsBatchInvariant(const DeviceBuffer<uint16_t>& dx, int64_t k, const Shard& s, int64_t n,
                               int variant) {
   DeviceBuffer<float> alone(n), batch(64 * n);
+  auto gemv = [&](const uint16_t* x, int m, float* y) {
+    return variant == 0 ? cuda::HeadGemvFp8(x, m, k, s.packed.get(), s.exps.get(), n, y, n, nullptr)
+                        : cuda::HeadGemvFp8Variant(x, m, k, s.packed.get(), s.exps.get(), n, y, n,
+                                                   variant, nullptr);
+  };
   for (int r : {0, 3, 63}) {
-    DH_CU(cuda::HeadGemvFp8Variant(dx.get() + r * k, 1, k, packed.get(), s.exps.get(), n,
-                                   alone.get(), n, variant, nullptr));
+    DH_CU(gemv(dx.get() + r * k, 1, alone.get()));
     DH_CU(cudaDeviceSynchronize());
     const auto a = alone.Download(n);
     for (int m : {r + 1, 8, 9, 16, 17, 40, 64}) {
       if (m <= r) continue;
-      DH_CU(cuda::HeadGemvFp8Variant(dx.get(), m, k, packed.get(), s.exps.get(), n, batch.get(), n,
-                                     variant, nullptr));
+      DH_CU(gemv(dx.get(), m, batch.get()));
       DH_CU(cudaDeviceSynchronize());
       const auto b = batch.Download(static_cast<size_t>(m) * n);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data() + static_cast<size_t>(r) * n, n * 4))
@@ -449,21 +455,18 @@ void ExpectRowsBatchInvariant(const DeviceBuffer<uint16_t>& dx, int64_t k,
 // every bucket gives bit-identical outputs.
 TEST_F(CudaGemv, FragmentOrderVariantsAreCorrect) {
   DH_SKIP_WITHOUT_GPU();
-  const auto packed = PackOnDevice(*shard_);
   double worst = 0;
   for (int m = 1; m <= 64; ++m)
-    CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 700, &worst, packed->get());
-  for (int m = 1; m <= 64; ++m)
-    CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 770, &worst, packed->get());
+    CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 700, &worst);
   for (int v : {700, 702, 708, 740, 741, 750, 760, 770, 771, 773, 774})
     for (int m : {1, 5, 9, 16, 17, 33, 64}) {
       if (m > 16 && (v == 708 || v == 760)) continue;
       for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
-        CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst, packed->get());
+        CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);
     }
   std::printf("fragment order: worst |err|/sum|xw| %.3g\n", worst);
 
-  for (int v : {700, 770, 771, 773, 774}) ExpectRowsBatchInvariant(*dx_, 5120, *packed, *shard_, 32320, v);
+  for (int v : {0, 700, 770, 771, 773, 774}) ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, v);
 }
 
 TEST(CudaGemvShapes, FragmentOrderOddShapes) {
@@ -471,19 +474,18 @@ TEST(CudaGemvShapes, FragmentOrderOddShapes) {
   for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 32}, {33, 96}, {1000, 160}, {517, 5120}, {70, 2080}, {4096, 12288}}) {
     auto s = MakeShard(n, k, 600 + n);
-    const auto packed = PackOnDevice(*s);
     const auto x = MakeHidden(64, k, 17 + n);
     DeviceBuffer<uint16_t> dx(x.size());
     DH_CU(dx.Upload(x));
     const auto ref = ComputeReference(x, 64, k, s->hcodes.data(), s->hexps.data(), nullptr, n);
-    for (int v : {700, 741, 760, 770})
+    for (int v : {0, 700, 741, 760})
       for (int m : {1, 8, 9, 16, 17, 40, 64}) {
         if (m > 16 && v == 760) continue;
         if (v == 760 && k == 12288) continue;  // K split needs x whole in shared memory
-        CheckGemv(*s, dx, ref, n, m, n, v, nullptr, packed->get());
+        CheckGemv(*s, dx, ref, n, m, n, v, nullptr);
       }
     // At k = 12288 buckets 1-2 take the 16-warp kernel (x does not fit beside the K split's sums).
-    ExpectRowsBatchInvariant(dx, k, *packed, *s, n, 770);
+    ExpectRowsBatchInvariant(dx, k, *s, n, 0);
   }
 }
 
@@ -545,6 +547,7 @@ TEST(CudaGemvShapes, SubnormalCodesAreExact) {
   DH_CU(cudaDeviceSynchronize());
   s.hcodes = s.codes.Download(s.codes.size());
   s.hexps = s.exps.Download(s.exps.size());
+  Pack(s);
   int64_t subnormal = 0;
   for (uint8_t c : s.hcodes) subnormal += (c & 0x78) == 0 && (c & 7) != 0;
   ASSERT_GT(subnormal, n * k / 4) << "the test data should be mostly subnormal codes";
@@ -553,12 +556,11 @@ TEST(CudaGemvShapes, SubnormalCodesAreExact) {
   DH_CU(dx.Upload(x));
   const auto ref = ComputeReference(x, 64, k, s.hcodes.data(), s.hexps.data(), nullptr, n);
   for (int m : {1, 16, 64}) {
-    CheckGemv(s, dx, ref, n, m, n, 0, nullptr);    // default (byte-permute route)
+    CheckGemv(s, dx, ref, n, m, n, 0, nullptr);    // production (byte-permute route)
     CheckGemv(s, dx, ref, n, m, n, 100, nullptr);  // f16-convert route
   }
   for (int m : {1, 16}) CheckGemv(s, dx, ref, n, m, n, 508, nullptr);  // TMA ring, smem dequant
-  const auto packed = PackOnDevice(s);
-  for (int m : {1, 16, 64}) CheckGemv(s, dx, ref, n, m, n, 700, nullptr, packed->get());
+  for (int m : {1, 16, 64}) CheckGemv(s, dx, ref, n, m, n, 4, nullptr);  // the row-major kernel
 }
 
 TEST(CudaGemvShapes, HugeBlocksUseTheExactFallback) {
@@ -570,8 +572,8 @@ TEST(CudaGemvShapes, HugeBlocksUseTheExactFallback) {
   DH_CU(dx.Upload(x));
   const auto ref = ComputeReference(x, 9, 256, s->hcodes.data(), s->hexps.data(), nullptr, 300);
   DeviceBuffer<float> dy(9 * 300);
-  DH_CU(cuda::HeadGemvFp8(dx.get(), 9, 256, s->codes.get(), s->exps.get(), 300, dy.get(), 300,
-                          false, nullptr));
+  DH_CU(cuda::HeadGemvFp8Exact(dx.get(), 9, 256, s->codes.get(), s->exps.get(), 300, dy.get(), 300,
+                               nullptr));
   DH_CU(cudaDeviceSynchronize());
   const auto y = dy.Download(dy.size());
   for (size_t i = 0; i < y.size(); ++i)
@@ -583,12 +585,12 @@ TEST(CudaGemvShapes, RefusesBadShapes) {
   DeviceBuffer<uint16_t> x(64 * 64);
   DeviceBuffer<uint8_t> c(64 * 64), e(64);
   DeviceBuffer<float> y(64 * 64);
-  EXPECT_EQ(cuda::HeadGemvFp8(x.get(), 1, 48, c.get(), e.get(), 32, y.get(), 32, true, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(cuda::HeadGemvFp8(x.get(), 0, 64, c.get(), e.get(), 32, y.get(), 32, true, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(cuda::HeadGemvFp8(x.get(), 1, 64, c.get(), e.get(), 32, y.get(), 16, true, nullptr),
-            cudaErrorInvalidValue);
+  for (auto* gemv : {&cuda::HeadGemvFp8, &cuda::HeadGemvFp8Exact}) {
+    EXPECT_EQ(gemv(x.get(), 1, 48, c.get(), e.get(), 32, y.get(), 32, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(gemv(x.get(), 0, 64, c.get(), e.get(), 32, y.get(), 32, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(gemv(x.get(), 1, 64, c.get(), e.get(), 32, y.get(), 16, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(gemv(x.get() + 1, 1, 64, c.get(), e.get(), 32, y.get(), 32, nullptr), cudaErrorInvalidValue);
+  }
   EXPECT_EQ(cuda::MakeTwin(x.get(), 32, 40, c.get(), e.get(), nullptr), cudaErrorInvalidValue);
 }
 
@@ -712,14 +714,17 @@ TEST_F(CudaGemv, ReductionsMatchTheCpuOnGpuLogits) {
   DH_SKIP_WITHOUT_GPU();
   const int64_t n = 32320, ldy = 32320;
   DeviceBuffer<float> dy(64 * n);
-  DH_CU(cuda::HeadGemvFp8(dx_->get(), 64, 5120, shard_->codes.get(), shard_->exps.get(), n,
-                          dy.get(), ldy, true, nullptr));
+  DH_CU(cuda::HeadGemvFp8(dx_->get(), 64, 5120, shard_->packed.get(), shard_->exps.get(), n,
+                          dy.get(), ldy, nullptr));
   DH_CU(cudaDeviceSynchronize());
   const auto y = dy.Download(dy.size());
   EpilogueCase c;
   const uint32_t ks[] = {1, 2, 8, 50, 64, 65, 256, 1000, 1024};
   int row = 0;
-  for (uint32_t k : ks) AddRow(c, row++, cuda::ReduceMode::kTopK, k, row % 2 ? 1.f : 0.7f, 0, 0, false, n);
+  for (uint32_t k : ks) {
+    AddRow(c, row, cuda::ReduceMode::kTopK, k, row % 2 ? 1.f : 0.7f, 0, 0, false, n);
+    ++row;
+  }
   for (int i = 0; i < 8; ++i) AddRow(c, row++, cuda::ReduceMode::kArgmax, 1, 1.f, 0, 0, false, n);
   for (int i = 0; i < 16; ++i)
     AddRow(c, row++, cuda::ReduceMode::kSample, 1, i % 3 ? 1.f : 0.35f, 1234 + i / 4, i % 4, false, n);
@@ -732,13 +737,16 @@ TEST_F(CudaGemv, ReductionsMatchTheCpuOnGpuLogits) {
   // The full vocabulary on one rank: rows longer than the shared-memory stage (segmented).
   const int64_t nf = 129280;
   DeviceBuffer<float> dyf(24 * nf);
-  DH_CU(cuda::HeadGemvFp8(dx_->get(), 24, 5120, shard_->codes.get(), shard_->exps.get(), nf,
-                          dyf.get(), nf, true, nullptr));
+  DH_CU(cuda::HeadGemvFp8(dx_->get(), 24, 5120, shard_->packed.get(), shard_->exps.get(), nf,
+                          dyf.get(), nf, nullptr));
   DH_CU(cudaDeviceSynchronize());
   const auto yf = dyf.Download(dyf.size());
   EpilogueCase cf;
   row = 0;
-  for (uint32_t k : ks) AddRow(cf, row++, cuda::ReduceMode::kTopK, k, row % 2 ? 1.f : 0.6f, 0, 0, false, nf);
+  for (uint32_t k : ks) {
+    AddRow(cf, row, cuda::ReduceMode::kTopK, k, row % 2 ? 1.f : 0.6f, 0, 0, false, nf);
+    ++row;
+  }
   for (int i = 0; i < 4; ++i) AddRow(cf, row++, cuda::ReduceMode::kArgmax, 1, 1.f, 0, 0, false, nf);
   for (int i = 0; i < 4; ++i) AddRow(cf, row++, cuda::ReduceMode::kSample, 1, 0.9f, 5, i, false, nf);
   AddRow(cf, row++, cuda::ReduceMode::kFullLogits, 0, 1.f, 0, 0, true, nf);

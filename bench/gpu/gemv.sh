@@ -6,7 +6,7 @@
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
 # only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
-# on one M = 1 launch on one shard of the production kernel and of the packed dispatch (variant 770).
+# on one M = 1 launch on one shard of the production kernel and of the row-major one.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -46,12 +46,13 @@ if [[ ${NCU:-0} == 1 ]]; then
   ncu_args=(--clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
             --section WarpStateStats --section SchedulerStats --section Occupancy -c 1)
   # One M = 1 launch on one shard: the production kernel (--quick: its first launches after the
-  # warm-up), then the packed default (variant 700: the fifth column; 33 launches per column).
-  step ncu_reg 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip 5 \
+  # warm-up), then the row-major kernel of rounds 1-3 (the first column; 33 launches a column at
+  # --iters=3).
+  step ncu_prod 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip 5 \
     drafthead-bench-cuda --ms=1 --ns=32320 --no-epilogue --iters=3 --quick
-  step ncu_pk 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip $((33 * 5 + 5)) \
+  step ncu_rowmajor 120 ncu "${ncu_args[@]}" -k regex:GemvFp8Kernel --launch-skip $((33 + 5)) \
     drafthead-bench-cuda --ms=1 --ns=32320 --no-epilogue --iters=3
-  for f in ncu_reg ncu_pk; do
+  for f in ncu_prod ncu_rowmajor; do
     echo "== $f"
     grep -E "GemvFp8Kernel|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Issued Warp|No Eligible|Active Warps|L2 Hit|Registers" "$out/$f.log" | head -30
   done

@@ -83,19 +83,24 @@ bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count) {
   return true;
 }
 
-cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
-                        const uint8_t* exps, int64_t n, float* y, int64_t ldy, bool fast_path,
-                        cudaStream_t stream) {
+cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* packed,
+                        const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  DH_CUDA_TRY(ValidateGemv(x, m, k, packed, exps, n, y, ldy));
+  return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) {
+    return DispatchPacked<2, 2>(xp, mm, k, packed, exps, n, yp, ldy, stream);
+  });
+}
+
+cudaError_t HeadGemvFp8Exact(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                             const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                             cudaStream_t stream) {
   DH_CUDA_TRY(ValidateGemv(x, m, k, codes, exps, n, y, ldy));
   return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) -> cudaError_t {
-    if (!fast_path) {
-      const int64_t blocks = (n + 7) / 8;
-      if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-      GemvFp8Fallback<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(xp, mm, k, codes, exps,
-                                                                          n, yp, ldy);
-      return cudaGetLastError();
-    }
-    return DispatchByBucket<kDefaultDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+    const int64_t blocks = (n + 7) / 8;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    GemvFp8Fallback<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(xp, mm, k, codes, exps, n,
+                                                                        yp, ldy);
+    return cudaGetLastError();
   });
 }
 

@@ -1,8 +1,9 @@
 // The fp8 GEMV's tensor-core kernel template and its host-side launch (head_gemv.cuh has the
-// contract). Internal to kernels/cuda: head_gemv.cu instantiates the production configuration
-// (DispatchByBucket<kDefaultDepth>); the other template parameters (the f16 dequantization, warps
-// a CTA, split K, no L2 hint, bulk L2 prefetch) are the measured alternatives of docs/cuda.md,
-// instantiated only by kernels/cuda/experimental/head_gemv_variants.cu for the bench and tests.
+// contract). Internal to kernels/cuda: head_gemv.cu instantiates the production configurations
+// (DispatchPacked<2, 2>: codes in fragment order); a GemvConfig names a kernel's knobs, and the
+// measured alternatives of docs/cuda.md (row-major codes with the L2 hint, other depths, the f16
+// dequantization, prefetch, PDL) are configurations that only
+// kernels/cuda/experimental/head_gemv_variants.cu instantiates, for the bench and tests.
 // Everything here has internal linkage (one copy per including .cu: no kernel ODR across TUs).
 #pragma once
 
@@ -19,11 +20,9 @@
 namespace drafthead::cuda {
 namespace {
 
-// A warp owns RT 16-row mma tiles (RT = 1: 16 rows, RT = 2: one 32-row exponent block) at a time;
-// CTAs have WarpsFor(RT) warps. Small M uses RT = 1 so that ~15 warps per SM share the shard
-// (latency hiding); large M uses RT = 2 so each x fragment read from shared memory feeds two
-// tiles (shared-memory bandwidth).
-constexpr int WarpsFor(int rt) { return rt == 1 ? 16 : 8; }
+// A warp owns RT 16-row mma tiles (RT = 1: 16 rows, RT = 2: one 32-row exponent block) at a time.
+// Small M uses RT = 1 so that many warps per SM share the shard (latency hiding); large M uses
+// RT = 2 so each x fragment read from shared memory feeds two tiles (shared-memory bandwidth).
 constexpr int kSmemBudget = 200 * 1024;     // x buffers (H200: 227 KB per block at most)
 
 // ---- PTX helpers ---------------------------------------------------------------------------
@@ -124,6 +123,14 @@ __device__ __forceinline__ uint32_t ScalePair(uint32_t exp_byte) {
   return f | (f << 16);
 }
 
+// a + b rounded to nearest with subnormal inputs and result flushed to signed zero: the
+// arithmetic of `red.global.add.f32`, which the packed 1-way kernels use for the same sum.
+__device__ __forceinline__ float AddFtz(float a, float b) {
+  float r;
+  asm("add.rn.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -185,9 +192,19 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 // each warp load reads 512 contiguous bytes and a warp's tile is one contiguous stream; no row or
 // column clamps (the packing zero-pads rows and steps). PFD > 0 then means: lane 0 prefetches the
 // tile's stream into L2 in 4 KB pieces PFD steps ahead of the loads.
-template <int MT, int D, int CONV, int RT, int W = WarpsFor(RT), int KS = 1, bool HINT = true,
-          int PFD = 0, bool PDL = false, bool PACK = false>
-__global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+// A kernel's knobs (above): depth D, RT 16-row tiles a warp, W warps a CTA, K split KS ways,
+// packed codes, the L2::256B hint (row-major codes only), prefetch distance, PDL, dequantization.
+template <int D_, int RT_, int W_, int KS_, bool PACK_, bool HINT_ = !PACK_, int PFD_ = 0,
+          bool PDL_ = false, int CONV_ = kConvPrmt>
+struct GemvConfig {
+  static constexpr int D = D_, RT = RT_, W = W_, KS = KS_, PFD = PFD_, CONV = CONV_;
+  static constexpr bool PACK = PACK_, HINT = HINT_, PDL = PDL_;
+};
+
+template <int MT, class C>
+__global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
+  constexpr int D = C::D, CONV = C::CONV, RT = C::RT, W = C::W, KS = C::KS, PFD = C::PFD;
+  constexpr bool HINT = C::HINT, PDL = C::PDL, PACK = C::PACK;
   static_assert(!PACK || (kPackStepAlign % (D * KS) == 0 && PFD % 4 == 0 && KS <= 2),
                 "packed codes: the step padding must cover the pipeline; 4 KB prefetch pieces; "
                 "K in two halves");
@@ -302,7 +319,9 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
     for (int s0 = s_begin; s0 < s_end; s0 += D) {
       if constexpr (PACK && KS == 1) {
         // K in two halves as the K-split kernels add them (first + second), so that every bucket
-        // gives a row the same bits: the first half's sums wait in y (this thread's own outputs).
+        // gives a row the same bits: the first half's sums wait in y (this thread's own outputs)
+        // and the second is added there by a fire-and-forget `red.add.f32` (round to nearest,
+        // subnormals flushed: the K-split kernels add with AddFtz to match).
         if (active && s0 == a.steps / 2) {
 #pragma unroll
           for (int T = 0; T < RT; ++T)
@@ -391,7 +410,8 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int c = 0; c < 4; ++c)
-              acc[0][mt][c] += red[((q - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane];
+              acc[0][mt][c] = PACK ? AddFtz(acc[0][mt][c], red[((q - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane])
+                                   : acc[0][mt][c] + red[((q - 1) * kUnits + unit) * kPer + (mt * 4 + c) * 32 + lane];
       }
     }
     if (!active) continue;
@@ -407,7 +427,11 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
           const int mm = mt * 8 + 2 * t + (c & 1);
           if (mm < a.m && nn < a.n) {
             float* yp = a.y + mm * a.ldy + nn;
-            *yp = (PACK && KS == 1) ? *yp + acc[T][mt][c] : acc[T][mt][c];
+            if constexpr (PACK && KS == 1) {
+              atomicAdd(yp, acc[T][mt][c]);  // a `red`: no round trip; only this thread writes yp
+            } else {
+              *yp = acc[T][mt][c];
+            }
           }
         }
       }
@@ -416,8 +440,6 @@ __global__ void __launch_bounds__(W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
 }
 
 // ---- dispatch -------------------------------------------------------------------------------
-constexpr int RtFor(int mt) { return mt <= 2 ? 1 : 2; }
-
 // What a launch needs from the device, set up once per (kernel, device): the shared-memory opt-in
 // (cudaFuncSetAttribute) and the SM count. The current device is read per launch (a thread-local
 // read in the runtime) so that one process may drive several devices.
@@ -447,12 +469,13 @@ inline cudaError_t PrepareKernel(void (*kernel)(GemvArgs), std::atomic<uint64_t>
   return cudaSuccess;
 }
 
-template <int MT, int D, int CONV = kConvPrmt, int RT = RtFor(MT), int W = WarpsFor(RT),
-          int KS = 1, bool HINT = true, int PFD = 0, bool PDL = false, bool PACK = false>
+template <int MT, class C>
 cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                        const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                        cudaStream_t stream) {
-  auto kernel = GemvFp8Kernel<MT, D, CONV, RT, W, KS, HINT, PFD, PDL, PACK>;
+  constexpr int D = C::D, RT = C::RT, W = C::W, KS = C::KS;
+  constexpr bool PDL = C::PDL, PACK = C::PACK;
+  auto kernel = GemvFp8Kernel<MT, C>;
   static std::atomic<uint64_t> prepared{0};
   int sms = 0;
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
@@ -501,46 +524,29 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   return cudaGetLastError();
 }
 
-// The production pipeline depth: 4 register stages of 64 columns for every bucket (measured best
-// or within noise of 8 and 3 in run 5, docs/cuda.md; no spills at 4 up to 64 rows).
-constexpr int kDefaultDepth = 4;
-
-// One launch for m <= 64 rows: the kernel for bucket ceil(m / 8) at depth D (16-row warps for
-// buckets 1-2, 32-row warps above). PACK: codes in fragment order (no L2::256B hint: every load
-// is four whole lines already).
-template <int D, int CONV = kConvPrmt, bool PDL = false, bool PACK = false, int PFD = 0>
-cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
-                             const uint8_t* exps, int64_t n, float* y, int64_t ldy,
-                             cudaStream_t stream) {
-  constexpr bool kHint = !PACK;
-  switch ((m + 7) / 8) {
-    // (Round 2, run 3: the bulk L2 prefetch variants 408/416/432 were 55-65% slower here; the
-    // K-split variants 302/314 within 0-3.5%: none replaces these.)
-    case 1: return LaunchFast<1, D, CONV, RtFor(1), WarpsFor(RtFor(1)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, CONV, RtFor(2), WarpsFor(RtFor(2)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 3: return LaunchFast<3, D, CONV, RtFor(3), WarpsFor(RtFor(3)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 4: return LaunchFast<4, D, CONV, RtFor(4), WarpsFor(RtFor(4)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 5: return LaunchFast<5, D, CONV, RtFor(5), WarpsFor(RtFor(5)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 6: return LaunchFast<6, D, CONV, RtFor(6), WarpsFor(RtFor(6)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 7: return LaunchFast<7, D, CONV, RtFor(7), WarpsFor(RtFor(7)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 8: return LaunchFast<8, D, CONV, RtFor(8), WarpsFor(RtFor(8)), 1, kHint, PFD, PDL, PACK>(x, m, k, codes, exps, n, y, ldy, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-// Codes in fragment order (head_gemv.cuh), m <= 64: buckets 1-2 (m <= 16) on 32 warps a CTA with
+// Codes in fragment order (head_gemv.cuh), m <= 64 (production: DS = DL = 2): buckets 1-2 (m <= 16) on 32 warps a CTA with
 // K split in two across warp pairs (depth DS): a shard's ~2000 16-row tiles then keep 32 warps a
 // SM busy (docs/cuda.md round 4); where x does not fit whole in shared memory beside the partial
 // sums (k above ~6000 at m > 8), on 16 warps x 16 rows; buckets 3-8 on 8 warps x 32 rows (depth
 // DL). Every kernel adds K in the same two halves, so a row's outputs do not depend on its batch.
 // PFD: lane 0's L2 prefetch distance for buckets 1-2.
+// The production configurations (depth D): m <= 16 on 32 warps with K split in two, or on 16
+// warps where x does not fit beside the partial sums; m > 16 on 8 warps x 32 rows.
+template <int D, bool PDL = false, int PFD = 0>
+using PackedSmall = GemvConfig<D, 1, 32, 2, true, false, PFD, PDL>;
+template <int D, bool PDL = false, int PFD = 0>
+using PackedSmallWholeK = GemvConfig<D, 1, 16, 1, true, false, PFD, PDL>;
+template <int D, bool PDL = false>
+using PackedLarge = GemvConfig<D, 2, 8, 1, true, false, 0, PDL>;
+
 template <int MT, int DS, bool PDL, int PFD>
 cudaError_t LaunchPackedSmall(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                               const uint8_t* exps, int64_t n, float* y, int64_t ldy,
                               cudaStream_t stream) {
-  const cudaError_t e = LaunchFast<MT, DS, kConvPrmt, 1, 32, 2, false, PFD, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+  const cudaError_t e =
+      LaunchFast<MT, PackedSmall<DS, PDL, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
   if (e != cudaErrorNotSupported) return e;
-  return LaunchFast<MT, DS, kConvPrmt, 1, 16, 1, false, PFD, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+  return LaunchFast<MT, PackedSmallWholeK<DS, PDL, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
 }
 
 template <int DS, int DL, bool PDL = false, int PFD = 0>
@@ -550,12 +556,12 @@ cudaError_t DispatchPacked(const uint16_t* x, int m, int64_t k, const uint8_t* c
   switch ((m + 7) / 8) {
     case 1: return LaunchPackedSmall<1, DS, PDL, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
     case 2: return LaunchPackedSmall<2, DS, PDL, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 3: return LaunchFast<3, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 4: return LaunchFast<4, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 5: return LaunchFast<5, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 6: return LaunchFast<6, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 7: return LaunchFast<7, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 8: return LaunchFast<8, DL, kConvPrmt, 2, 8, 1, false, 0, PDL, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, PackedLarge<DL, PDL>>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -154,6 +154,14 @@ class CudaBackend : public ComputeBackend {
     }
     // Blocks with |w| >= 448 * 2^15 need the exact CUDA-core GEMV (kernels/cuda/head_gemv.cuh).
     fast_path_ = cuda::Fp8TwinFitsFastPath(host_exps.data(), static_cast<int64_t>(host_exps.size()));
+    packed_.Free();
+    if (fast_path_) {  // the fast GEMV reads the codes in its fragment order: rearranged once here
+      DH_CUDA_CHECK(packed_.Reserve(static_cast<size_t>(cuda::Fp8PackedCodesBytes(S, K))));
+      DH_CUDA_CHECK(cuda::PackFp8Codes(static_cast<const uint8_t*>(codes_.p), S, K,
+                                       static_cast<uint8_t*>(packed_.p), stream_));
+      DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      codes_.Free();
+    }
     if (!opts_.keep_bf16) bf16_.Free();
     geo_ = g;
     DH_RETURN_IF_ERROR(ReserveWork(std::clamp(opts_.max_rows, 1, kMaxRowsLimit)));
@@ -318,9 +326,13 @@ class CudaBackend : public ComputeBackend {
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
-      DH_CUDA_CHECK(cuda::HeadGemvFp8(dx, s.n_fp8, K, static_cast<const uint8_t*>(codes_.p),
-                                      static_cast<const uint8_t*>(exps_.p), S, y, ldy, fast_path_,
-                                      stream_));
+      const auto* exps = static_cast<const uint8_t*>(exps_.p);
+      DH_CUDA_CHECK(fast_path_ ? cuda::HeadGemvFp8(dx, s.n_fp8, K,
+                                                   static_cast<const uint8_t*>(packed_.p), exps, S,
+                                                   y, ldy, stream_)
+                               : cuda::HeadGemvFp8Exact(dx, s.n_fp8, K,
+                                                        static_cast<const uint8_t*>(codes_.p), exps,
+                                                        S, y, ldy, stream_));
     }
     if (s.n_bf16 > 0) {
       DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(s.n_fp8) * K, s.n_bf16,
@@ -436,7 +448,8 @@ class CudaBackend : public ComputeBackend {
   ShardGeometry geo_;
   bool loaded_ = false;
   bool fast_path_ = true;
-  DeviceMem codes_, exps_, bf16_;        // the shard
+  DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
+  DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
   PinnedMem stage_, hpayload_, hscratch_;
   std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)

@@ -6,13 +6,40 @@
 namespace drafthead::cuda {
 namespace {
 
+// The row-major kernels of rounds 1-3 (production until issue 23): 16 warps x 16 rows for m <= 16,
+// 8 warps x 32 rows above, the L2::256B hint, depth D.
+constexpr int RtFor(int mt) { return mt <= 2 ? 1 : 2; }
+constexpr int WarpsFor(int rt) { return rt == 1 ? 16 : 8; }
+constexpr int kRowMajorDepth = 4;
+template <int MT, int D, int CONV, bool PDL, bool PACK, int PFD>
+using BucketConfig = GemvConfig<D, RtFor(MT), WarpsFor(RtFor(MT)), 1, PACK, !PACK, PFD, PDL, CONV>;
+
+// One launch for m <= 64 rows: the kernel for bucket ceil(m / 8); PACK: the same on packed codes
+// (no hint).
+template <int D, int CONV = kConvPrmt, bool PDL = false, bool PACK = false, int PFD = 0>
+cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
+                             const uint8_t* exps, int64_t n, float* y, int64_t ldy,
+                             cudaStream_t stream) {
+  switch ((m + 7) / 8) {
+    case 1: return LaunchFast<1, BucketConfig<1, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, BucketConfig<2, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 3: return LaunchFast<3, BucketConfig<3, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 4: return LaunchFast<4, BucketConfig<4, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 5: return LaunchFast<5, BucketConfig<5, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 6: return LaunchFast<6, BucketConfig<6, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 7: return LaunchFast<7, BucketConfig<7, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 8: return LaunchFast<8, BucketConfig<8, D, CONV, PDL, PACK, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 // The round-2 configurations: 16-row units (RT = 1), M <= 16 only.
 template <int D, int W, int KS, bool HINT = true, int PFD = 0>
 cudaError_t SmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                    int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   switch ((m + 7) / 8) {
-    case 1: return LaunchFast<1, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, kConvPrmt, 1, W, KS, HINT, PFD>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, GemvConfig<D, 1, W, KS, false, HINT, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, GemvConfig<D, 1, W, KS, false, HINT, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -23,8 +50,8 @@ template <int D, int W, int KS>
 cudaError_t PackedSmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                          const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   switch ((m + 7) / 8) {
-    case 1: return LaunchFast<1, D, kConvPrmt, 1, W, KS, false, 0, false, true>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, D, kConvPrmt, 1, W, KS, false, 0, false, true>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, GemvConfig<D, 1, W, KS, true>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, GemvConfig<D, 1, W, KS, true>>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -46,20 +73,19 @@ cudaError_t Ring(const uint16_t* x, int m, int64_t k, const uint8_t* codes, cons
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
                                cudaStream_t stream) {
-  if (variant == -1) return HeadGemvFp8(x, m, k, codes, exps, n, y, ldy, false, stream);
+  if (variant == -1) return HeadGemvFp8Exact(x, m, k, codes, exps, n, y, ldy, stream);
   DH_CUDA_TRY(ValidateGemv(x, m, k, codes, exps, n, y, ldy));
   return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) -> cudaError_t {
     switch (variant) {
-      case 0:
-      case 4: return DispatchByBucket<kDefaultDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 4: return DispatchByBucket<kRowMajorDepth>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 2: return DispatchByBucket<2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 604:
-        return DispatchByBucket<kDefaultDepth, kConvPrmt, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+        return DispatchByBucket<kRowMajorDepth, kConvPrmt, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 8:
         if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
         return DispatchByBucket<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 100:
-        return DispatchByBucket<kDefaultDepth, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+        return DispatchByBucket<kRowMajorDepth, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 200: return SmallM<4, 16, 1, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 302: return SmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 304: return SmallM<4, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
@@ -67,14 +93,14 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 408: return SmallM<4, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 416: return SmallM<4, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 700: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 700: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 702: return DispatchByBucket<2, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 708:
         if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
         return DispatchByBucket<8, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 740: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 741: return DispatchByBucket<kDefaultDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 750: return DispatchByBucket<kDefaultDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 740: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 741: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 750: return DispatchByBucket<kRowMajorDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 760: return PackedSmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 770: return DispatchPacked<2, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 771: return DispatchPacked<2, 2, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);

@@ -10,8 +10,9 @@
 
 namespace drafthead::cuda {
 
-// variant: pipeline depth (register stages of 64 columns): 0 = default, 2, 4, 8 (8: M <= 16
-// only), -1 = the exact fallback, 100 = default depth with the f16-convert dequantization; round 2
+// Row-major codes (the twin's order; the production kernel of rounds 1-3 and its alternatives):
+// variant = pipeline depth (register stages of 64 columns): 2, 4, 8 (8: M <= 16 only), -1 = the
+// exact fallback (HeadGemvFp8Exact), 100 = depth 4 with the f16-convert dequantization; round 2
 // (M <= 16 only, else cudaErrorInvalidValue): 200 = depth 4 without the L2::256B hint; 302 / 304 =
 // 32 warps a CTA with K split in 2 across warp pairs, depth 2 / 4; 314 = 16 warps, K split in 2;
 // 408 / 416 / 432 = the default plus bulk L2 prefetches of each row 8 / 16 / 32 steps ahead.
@@ -20,12 +21,12 @@ namespace drafthead::cuda {
 // of 16 KB = 504 / 506 / 508; 518 = 508 launched with programmatic dependent launch; 528 = 508
 // with an L2 evict-first policy on the copies; 538 = both; 548 / 588 = 508 with exponents 1 / 8
 // stages ahead (548 is round 3's run-1 kernel); 564 = 16 consumer warps, 4 stages of 32 KB; 574 =
-// 564 with PDL; 604 = the default kernel (every M) launched with programmatic dependent launch.
+// 564 with PDL; 604 = the depth-4 kernel (every M) launched with programmatic dependent launch.
 // Issue 23, codes in fragment order (`codes` must then be PackFp8Codes's output): 700 = the
-// default dispatch on packed codes, 702 / 708 = depth 2 / 8 (708: M <= 16), 740 / 741 = 700 with
+// row-major buckets (16 warps x 16 rows up to M = 16, no K split) on packed codes, 702 / 708 = depth 2 / 8 (708: M <= 16), 740 / 741 = 700 with
 // lane 0 prefetching the tile's stream into L2 8 / 16 steps ahead, 750 = 700 with PDL, 760 = 32
-// warps a CTA with K split in 2, depth 2 (M <= 16); 770 = DispatchPacked (760 for M <= 16, 8 warps
-// x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
+// warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the production dispatch
+// (DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
 // M <= 16, 774 = 770 at depth 4 above M = 16. Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
