@@ -205,9 +205,10 @@ template <int MT, class C>
 __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
   constexpr int D = C::D, CONV = C::CONV, RT = C::RT, W = C::W, KS = C::KS, PFD = C::PFD;
   constexpr bool HINT = C::HINT, PDL = C::PDL, PACK = C::PACK;
-  static_assert(!PACK || (kPackStepAlign % (D * KS) == 0 && PFD % 4 == 0 && KS <= 2),
-                "packed codes: the step padding must cover the pipeline; 4 KB prefetch pieces; "
-                "K in two halves");
+  static_assert(!PACK || (kPackStepAlign / 2 % D == 0 && PFD % 4 == 0 && KS <= 2),
+                "packed codes: each half of the padded steps a whole number of pipeline rounds "
+                "(the 1-way kernels switch halves on a round boundary); 4 KB prefetch pieces; K in "
+                "two halves");
   static_assert(KS == 1 || RT == 1, "split K: 16-row units only");
   constexpr int kWarps = W, kThreads = kWarps * 32, kRows = 16 * RT, kUnits = W / KS;
   extern __shared__ __align__(16) uint8_t smem[];

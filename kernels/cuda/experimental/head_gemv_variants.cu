@@ -95,9 +95,6 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 700: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 702: return DispatchByBucket<2, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 708:
-        if ((mm + 7) / 8 > 2) return cudaErrorInvalidValue;  // registers: small M only
-        return DispatchByBucket<8, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 740: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 741: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 750: return DispatchByBucket<kRowMajorDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);

@@ -23,7 +23,8 @@ namespace drafthead::cuda {
 // stages ahead (548 is round 3's run-1 kernel); 564 = 16 consumer warps, 4 stages of 32 KB; 574 =
 // 564 with PDL; 604 = the depth-4 kernel (every M) launched with programmatic dependent launch.
 // Issue 23, codes in fragment order (`codes` must then be PackFp8Codes's output): 700 = the
-// row-major buckets (16 warps x 16 rows up to M = 16, no K split) on packed codes, 702 / 708 = depth 2 / 8 (708: M <= 16), 740 / 741 = 700 with
+// row-major buckets (16 warps x 16 rows up to M = 16, no K split) on packed codes, 702 = depth 2
+// (depth 8, run 1's 708, is gone: a half of the padded steps must be whole rounds), 740 / 741 = 700 with
 // lane 0 prefetching the tile's stream into L2 8 / 16 steps ahead, 750 = 700 with PDL, 760 = 32
 // warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the production dispatch
 // (DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
