@@ -458,9 +458,9 @@ TEST_F(CudaGemv, FragmentOrderVariantsAreCorrect) {
   double worst = 0;
   for (int m = 1; m <= 64; ++m)
     CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 700, &worst);
-  for (int v : {700, 702, 740, 741, 750, 760, 770, 771, 773, 774})
+  for (int v : {700, 702, 740, 741, 750, 760, 770, 771, 773, 774, 780})
     for (int m : {1, 5, 9, 16, 17, 33, 64}) {
-      if (m > 16 && v == 760) continue;
+      if (m > 16 && (v == 760 || v == 780)) continue;
       for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
         CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);
     }
@@ -478,10 +478,10 @@ TEST(CudaGemvShapes, FragmentOrderOddShapes) {
     DeviceBuffer<uint16_t> dx(x.size());
     DH_CU(dx.Upload(x));
     const auto ref = ComputeReference(x, 64, k, s->hcodes.data(), s->hexps.data(), nullptr, n);
-    for (int v : {0, 700, 741, 760})
+    for (int v : {0, 700, 741, 760, 780})
       for (int m : {1, 8, 9, 16, 17, 40, 64}) {
-        if (m > 16 && v == 760) continue;
-        if (v == 760 && k == 12288) continue;  // K split needs x whole in shared memory
+        if (m > 16 && (v == 760 || v == 780)) continue;
+        if ((v == 760 || v == 780) && k == 12288) continue;  // K split: x whole in shared memory
         CheckGemv(*s, dx, ref, n, m, n, v, nullptr);
       }
     // At k = 12288 buckets 1-2 take the 16-warp kernel (x does not fit beside the K split's sums).

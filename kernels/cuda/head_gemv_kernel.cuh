@@ -194,9 +194,12 @@ __device__ __forceinline__ void LoadXChunk(const GemvArgs& a, uint8_t* buf, int 
 // tile's stream into L2 in 4 KB pieces PFD steps ahead of the loads.
 // A kernel's knobs (above): depth D, RT 16-row tiles a warp, W warps a CTA, K split KS ways,
 // packed codes, the L2::256B hint (row-major codes only), prefetch distance, PDL, dequantization.
+// BAL (experiment): CTA b takes the contiguous units [b U / G, (b + 1) U / G) (G = the SMs), kUnits
+// at a time, instead of every G-th group of kUnits: each SM's share of the tail within one unit.
 template <int D_, int RT_, int W_, int KS_, bool PACK_, bool HINT_ = !PACK_, int PFD_ = 0,
-          bool PDL_ = false, int CONV_ = kConvPrmt>
+          bool PDL_ = false, int CONV_ = kConvPrmt, bool BAL_ = false>
 struct GemvConfig {
+  static constexpr bool BAL = BAL_;
   static constexpr int D = D_, RT = RT_, W = W_, KS = KS_, PFD = PFD_, CONV = CONV_;
   static constexpr bool PACK = PACK_, HINT = HINT_, PDL = PDL_;
 };
@@ -204,7 +207,7 @@ struct GemvConfig {
 template <int MT, class C>
 __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) {
   constexpr int D = C::D, CONV = C::CONV, RT = C::RT, W = C::W, KS = C::KS, PFD = C::PFD;
-  constexpr bool HINT = C::HINT, PDL = C::PDL, PACK = C::PACK;
+  constexpr bool HINT = C::HINT, PDL = C::PDL, PACK = C::PACK, BAL = C::BAL;
   static_assert(!PACK || (kPackStepAlign / 2 % D == 0 && PFD % 4 == 0 && KS <= 2),
                 "packed codes: each half of the padded steps a whole number of pipeline rounds "
                 "(the 1-way kernels switch halves on a round boundary); 4 KB prefetch pieces; K in "
@@ -231,10 +234,12 @@ __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) 
   const int unit = warp % kUnits, kpart = warp / kUnits;
   const int part_steps = a.steps / KS;  // a.steps is a multiple of D * KS
   const int s_begin = kpart * part_steps, s_end = s_begin + part_steps;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kUnits; base < nblk;
-       base += static_cast<int64_t>(gridDim.x) * kUnits) {
+  const int64_t first = BAL ? nblk * blockIdx.x / gridDim.x : static_cast<int64_t>(blockIdx.x) * kUnits;
+  const int64_t lim = BAL ? nblk * (blockIdx.x + 1) / gridDim.x : nblk;
+  const int64_t stride = BAL ? kUnits : static_cast<int64_t>(gridDim.x) * kUnits;
+  for (int64_t base = first; base < lim; base += stride) {
     const int64_t blk = base + unit;
-    const bool active = blk < nblk;
+    const bool active = blk < lim;
     if (KS == 1 && single && !active && x_ready) break;  // no barriers below in this mode
     const int64_t r0 = blk * kRows;
     // Loads are never predicated (that costs selects and moves in the hot loop): rows past n read
@@ -506,7 +511,7 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   constexpr int kUnits = W / KS;
   const int64_t nblk = (n + 16 * RT - 1) / (16 * RT);
   const int64_t ctas = (nblk + kUnits - 1) / kUnits;
-  const int grid = static_cast<int>(std::min<int64_t>(ctas, sms));
+  const int grid = static_cast<int>(std::min<int64_t>(C::BAL ? nblk : ctas, sms));
   if constexpr (PDL) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);

@@ -100,6 +100,12 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 750: return DispatchByBucket<kRowMajorDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 760: return PackedSmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 770: return DispatchPacked<2, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 780:
+        switch ((mm + 7) / 8) {
+          case 1: return LaunchFast<1, GemvConfig<2, 1, 32, 2, true, false, 0, false, kConvPrmt, true>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          case 2: return LaunchFast<2, GemvConfig<2, 1, 32, 2, true, false, 0, false, kConvPrmt, true>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+          default: return cudaErrorInvalidValue;
+        }
       case 771: return DispatchPacked<2, 2, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 773: return DispatchPacked<2, 2, false, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 774: return DispatchPacked<2, 4>(xp, mm, k, codes, exps, n, yp, ldy, stream);

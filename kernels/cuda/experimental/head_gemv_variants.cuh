@@ -28,7 +28,8 @@ namespace drafthead::cuda {
 // lane 0 prefetching the tile's stream into L2 8 / 16 steps ahead, 750 = 700 with PDL, 760 = 32
 // warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the production dispatch
 // (DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
-// M <= 16, 774 = 770 at depth 4 above M = 16. Every packed kernel adds K in the same two halves.
+// M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
+// on every SM (GemvConfig's BAL; M <= 16). Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
