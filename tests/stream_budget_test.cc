@@ -378,8 +378,10 @@ TEST(StreamBudgetRealSizes, DeafStreamsDelayNoOtherCallerAndStayWithinTheBound) 
               rss_peak / 1048576.0, growth / 1048576.0, kBound / 1048576.0, kRssMargin / 1048576.0);
   EXPECT_EQ(failed, 0);
   // The turn running, at most one more (a caller cut off before it, or an answer waiting to be
-  // built), its own, and slack; FIFO: the whole backlog, `queued` turns.
-  const double limit_ms = 3 * turn + 100;
+  // built), its own, and one turn of slack for the turn's own variation (measured once, before:
+  // under the sanitizers on a shared 2-core machine later turns ran 30% slower, 3.56 turns seen);
+  // FIFO: the whole backlog, `queued` (>= 8, checked above) turns.
+  const double limit_ms = 4 * turn + 100;
   for (double ms : polite) EXPECT_LT(ms, limit_ms) << "a turn: " << turn << " ms";
   if (kMemoryMeasurable) {
     EXPECT_LE(growth, kBound + kRssMargin);
