@@ -188,7 +188,6 @@ int main(int argc, char** argv) {
         {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
         {"fp8 again", 770, 64},  {"fp8+pdl", 771, 64},          {"fp8 balanced", 780, 16},
         {"fp8 dl4", 774, 64}};
-    auto is_packed = [](int variant) { return variant >= 700 && variant < 800; };
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);
     std::printf(" best variant %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");
@@ -201,7 +200,7 @@ int main(int argc, char** argv) {
           cudaError_t e = variant == 0 ? drafthead::cuda::HeadGemvFp8(x, m, K, packed[c], exps[c], N,
                                                                       y, N, nullptr)
                                        : drafthead::cuda::HeadGemvFp8Variant(
-                                             x, m, K, is_packed(variant) ? packed[c] : codes[c],
+                                             x, m, K, drafthead::cuda::HeadGemvFp8VariantTakesPackedCodes(variant) ? packed[c] : codes[c],
                                              exps[c], N, y, N, variant, nullptr);
           CK(e);
         });

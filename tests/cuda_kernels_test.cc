@@ -277,15 +277,13 @@ std::unique_ptr<Shard> MakeShard(int64_t n, int64_t k, uint64_t seed, float mul 
   return s;
 }
 
-bool IsPackedVariant(int mode) { return mode >= 700 && mode < 800; }
-
 // Runs the GEMV for the first m rows of x over the first n rows of the shard and checks every
 // output against the float64 reference (computed for all rows of x over ref_n >= n columns).
 // mode: 0 the production GEMV (packed codes), -1 the exact fallback, else a HeadGemvFp8Variant
 // (packed codes for 7xx, row-major for the others).
 void CheckGemv(const Shard& s, const DeviceBuffer<uint16_t>& dx, const Reference& ref,
                int64_t ref_n, int m, int64_t n, int mode, double* worst_rel) {
-  const uint8_t* codes = mode == 0 || IsPackedVariant(mode) ? s.packed.get() : s.codes.get();
+  const uint8_t* codes = mode == 0 || cuda::HeadGemvFp8VariantTakesPackedCodes(mode) ? s.packed.get() : s.codes.get();
   DeviceBuffer<float> dy(static_cast<size_t>(m) * n);
   DH_CU(cudaMemcpy(dy.get(), Poisoned(dy.size()).data(), dy.size() * 4, cudaMemcpyHostToDevice));
   if (mode == 0) {

@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) 
         rowp[i] = a.codes + r * a.k;
       }
     }
-    const uint8_t* ep = a.exps + (min(blk, nblk - 1) * kRows / 32) * kblocks;
+    const uint8_t* ep = a.exps + (bc * kRows / 32) * kblocks;
     const int64_t last_col = a.k - 16;
     const int64_t last_kb = kblocks - 1;
 
@@ -465,8 +465,7 @@ inline cudaError_t DeviceSms(int dev, int* sms) {
 inline cudaError_t PrepareKernel(void (*kernel)(GemvArgs), std::atomic<uint64_t>& prepared, int* sms) {
   int dev = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
-  DH_CUDA_TRY(DeviceSms(dev, sms));
-  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  DH_CUDA_TRY(DeviceSms(dev, sms));  // refuses dev >= kMaxDevices
   const uint64_t bit = uint64_t{1} << dev;
   if (!(prepared.load(std::memory_order_acquire) & bit)) {
     DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));

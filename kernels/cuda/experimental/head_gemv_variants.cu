@@ -33,28 +33,19 @@ cudaError_t DispatchByBucket(const uint16_t* x, int m, int64_t k, const uint8_t*
   }
 }
 
-// The round-2 configurations: 16-row units (RT = 1), M <= 16 only.
-template <int D, int W, int KS, bool HINT = true, int PFD = 0>
+// One configuration C for m <= 16 (buckets 1-2; 16-row units), else cudaErrorInvalidValue.
+template <class C>
 cudaError_t SmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                    int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   switch ((m + 7) / 8) {
-    case 1: return LaunchFast<1, GemvConfig<D, 1, W, KS, false, HINT, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, GemvConfig<D, 1, W, KS, false, HINT, PFD>>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 1: return LaunchFast<1, C>(x, m, k, codes, exps, n, y, ldy, stream);
+    case 2: return LaunchFast<2, C>(x, m, k, codes, exps, n, y, ldy, stream);
     default: return cudaErrorInvalidValue;
   }
 }
-
-// Issue 23: codes in fragment order (PackFp8Codes), 16-row units, M <= 16 only: K split across
-// warps (W warps, KS parts).
-template <int D, int W, int KS>
-cudaError_t PackedSmallM(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
-                         const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  switch ((m + 7) / 8) {
-    case 1: return LaunchFast<1, GemvConfig<D, 1, W, KS, true>>(x, m, k, codes, exps, n, y, ldy, stream);
-    case 2: return LaunchFast<2, GemvConfig<D, 1, W, KS, true>>(x, m, k, codes, exps, n, y, ldy, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
+// Round 2 (row-major codes): W warps, K split KS ways, the L2 hint, row-wise bulk prefetch.
+template <int D, int W, int KS, bool HINT = true, int PFD = 0>
+using RowMajorSmall = GemvConfig<D, 1, W, KS, false, HINT, PFD>;
 
 // Issue 12: the TMA ring (head_gemv_ring.cuh), M <= 16. C consumer warps, exponents EQ stages
 // ahead.
@@ -69,6 +60,8 @@ cudaError_t Ring(const uint16_t* x, int m, int64_t k, const uint8_t* codes, cons
 }
 
 }  // namespace
+
+bool HeadGemvFp8VariantTakesPackedCodes(int variant) { return variant >= 700 && variant < 800; }
 
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
@@ -86,26 +79,22 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
         return DispatchByBucket<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 100:
         return DispatchByBucket<kRowMajorDepth, kConvF16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 200: return SmallM<4, 16, 1, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 302: return SmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 304: return SmallM<4, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 314: return SmallM<4, 16, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 408: return SmallM<4, 16, 1, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 416: return SmallM<4, 16, 1, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 432: return SmallM<4, 16, 1, true, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 200: return SmallM<RowMajorSmall<4, 16, 1, false>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 302: return SmallM<RowMajorSmall<2, 32, 2>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 304: return SmallM<RowMajorSmall<4, 32, 2>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 314: return SmallM<RowMajorSmall<4, 16, 2>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 408: return SmallM<RowMajorSmall<4, 16, 1, true, 8>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 416: return SmallM<RowMajorSmall<4, 16, 1, true, 16>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 432: return SmallM<RowMajorSmall<4, 16, 1, true, 32>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 700: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 702: return DispatchByBucket<2, kConvPrmt, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 740: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 741: return DispatchByBucket<kRowMajorDepth, kConvPrmt, false, true, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 750: return DispatchByBucket<kRowMajorDepth, kConvPrmt, true, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 760: return PackedSmallM<2, 32, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 760: return SmallM<PackedSmall<2>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 770: return DispatchPacked<2, 2>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 780:
-        switch ((mm + 7) / 8) {
-          case 1: return LaunchFast<1, GemvConfig<2, 1, 32, 2, true, false, 0, false, kConvPrmt, true>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-          case 2: return LaunchFast<2, GemvConfig<2, 1, 32, 2, true, false, 0, false, kConvPrmt, true>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-          default: return cudaErrorInvalidValue;
-        }
+        return SmallM<GemvConfig<2, 1, 32, 2, true, false, 0, false, kConvPrmt, true>>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 771: return DispatchPacked<2, 2, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 773: return DispatchPacked<2, 2, false, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 774: return DispatchPacked<2, 4>(xp, mm, k, codes, exps, n, yp, ldy, stream);

@@ -31,6 +31,9 @@ namespace drafthead::cuda {
 // M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
 // on every SM (GemvConfig's BAL; M <= 16). Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
+// Whether `variant` reads the codes in fragment order (PackFp8Codes's output) rather than row-major.
+bool HeadGemvFp8VariantTakesPackedCodes(int variant);
+
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
                                cudaStream_t stream);
