@@ -405,10 +405,13 @@ TEST(EngineTest, InlineRunsUseAnIdleEngineAndQueueBehindABusyOne) {
   ASSERT_EQ(expect.size(), 12u);
   auto ids = [](const Result& r) { return std::vector<int32_t>(r.resp.token_ids().begin(), r.resp.token_ids().end()); };
 
-  // Idle engine: answered before Submit returns, on this thread. (The loop's idle heartbeat may
-  // hold the engine at that moment, and then the request queues: a few tries.)
+  // Idle engine: answered before Submit returns, on this thread. The loop answers a queued batch
+  // while it still holds the engine, and on a loaded machine the woken caller can submit before
+  // the loop lets go (CI's ASan stage saw 20 tries in a row queue that way); the idle heartbeat may
+  // hold it too. So each try first gives the loop time to let go.
   int inline_runs = 0;
   for (int attempt = 0; attempt < 20 && inline_runs == 0; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * (attempt + 1)));
     std::thread::id on;
     auto f = Submit(*g, req, true, &on);
     const bool ready_at_once = f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
