@@ -41,6 +41,7 @@ The generated stubs live in drafthead_client._gen (the build generates them into
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -65,7 +66,7 @@ except ImportError:  # pragma: no cover
     torch = None
 
 from ._version import __version__
-from .lane import Lane, LaneUnavailable
+from .lane import Lane, LaneAnswer, LaneUnavailable
 
 __all__ = ["RemoteDraftHead", "AsyncRemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float32",
            "float32_to_bf16", "DEFAULT_MAX_MESSAGE_BYTES", "pb", "pb_grpc", "__version__"]
@@ -308,8 +309,9 @@ class _HeadBase:
 
     @staticmethod
     def _checked(req: Any, resp: Any) -> Any:
-        """The answer to `req`, or its in-band error raised."""
-        if resp.HasField("error") and resp.error.code != 0:
+        """The answer to `req` (a pb.LogitsResponse, or a lane's LaneAnswer, whose in-band errors the
+        lane raised already), or its in-band error raised."""
+        if not isinstance(resp, LaneAnswer) and resp.HasField("error") and resp.error.code != 0:
             raise DraftHeadError(_code_name(resp.error.code), resp.error.message)
         if resp.rows != req.rows:
             raise DraftHeadError("INTERNAL", f"malformed response: {resp.rows} rows for {req.rows}")
@@ -349,7 +351,7 @@ class _HeadBase:
         if arr.ndim < 1 or arr.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(arr.shape)}, want [..., {K}] (the server's hidden size)")
         lead = tuple(arr.shape[:-1])
-        rows = int(np.prod(lead)) if lead else 1
+        rows = math.prod(lead)  # 1 for a single row ([K])
         if rows == 0:
             raise ValueError("hidden: no rows")
         arr = np.ascontiguousarray(arr).reshape(rows, K)
@@ -426,8 +428,10 @@ class _HeadBase:
             if want_probs:
                 prob.append(np.asarray(resp.probs, dtype=np.float32))
         shape = enc.lead_shape + ((k,) if mode == "topk" else ())
-        out = [np.concatenate(ids).reshape(shape), np.concatenate(values).reshape(shape),
-               np.concatenate(prob).reshape(shape) if want_probs else None]
+
+        def whole(parts: List[Any]) -> Any:  # one call's answer (the common case) is not copied again
+            return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
+        out = [whole(ids), whole(values), whole(prob) if want_probs else None]
         if enc.kind == "torch":
             out = [None if a is None else torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).to(enc.device)
                    for a in out]
