@@ -429,52 +429,70 @@ TEST(BatcherTest, UnaryCallersOverOneSocketAreToldApartByTheirHeader) {
   EXPECT_EQ(b.depth_by_class().at("unary").callers, 2u);
 }
 
-TEST(CompleterTest, AnswersFromItsOwnCopyInOrderBeforeDrainReturns) {
+// The completer answers from the engine's own payload (no copy), each request with its rows, in
+// order, before Drain returns; an engine that writes its two payload buffers in turn (as RunBatch
+// does) never overwrites one still being answered from, since Submit waits for the batch before.
+TEST(CompleterTest, AnswersFromTheEnginesBuffersInTurnInOrderBeforeDrainReturns) {
   ShardGeometry geo = ShardGeometry::Make(2, 0, 64, 64, 64);  // tp = 2: two blocks
   PayloadLayout layout;
   layout.row_offset = {0, 16, 32, 48};
-  std::vector<uint8_t> gathered(2 * 48);
-  for (size_t i = 0; i < gathered.size(); ++i) gathered[i] = static_cast<uint8_t>(i);
-  const std::vector<uint8_t> original = gathered;
-  BatchRowsResult base;
-  base.layout = &layout;
-  base.gathered = gathered.data();
-  base.per_rank_bytes = 48;
-  base.geometry = &geo;
-  base.batch_rows = 3;
+  std::vector<uint8_t> buffers[2] = {std::vector<uint8_t>(96), std::vector<uint8_t>(96)};
+  auto pattern = [](int batch) {
+    std::vector<uint8_t> p(96);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(i * (batch + 1));
+    return p;
+  };
   struct Seen {
+    int batch = 0;
     uint32_t row0 = 0;
+    const uint8_t* gathered = nullptr;
     std::vector<uint8_t> bytes;
   };
   std::vector<Seen> seen;  // written by the completer's thread only, read after Drain
-  std::vector<BatchItem> items;
-  for (uint32_t rows : {1u, 2u}) {
-    auto r = std::make_shared<PreparedRequest>();
-    r->rows = rows;
-    BatchItem it;
-    it.req = r;
-    it.enqueued = Clock::now();
-    it.done = [&seen](const absl::Status& s, const BatchRowsResult* res) {
-      ASSERT_TRUE(s.ok());
-      ASSERT_NE(res, nullptr);
-      seen.push_back({res->row0, std::vector<uint8_t>(res->gathered, res->gathered + 96)});
-    };
-    items.push_back(std::move(it));
-  }
   Completer c;
-  c.Submit(std::move(items), base, Clock::now());
-  std::fill(gathered.begin(), gathered.end(), 0xEE);  // the engine reuses its buffer at once
+  const int batches = 6;
+  for (int n = 0; n < batches; ++n) {
+    std::vector<uint8_t>& buf = buffers[n % 2];
+    const std::vector<uint8_t> p = pattern(n);
+    std::copy(p.begin(), p.end(), buf.begin());  // the engine's batch n (after Submit of n - 1)
+    BatchRowsResult base;
+    base.layout = &layout;
+    base.gathered = buf.data();
+    base.per_rank_bytes = 48;
+    base.geometry = &geo;
+    base.batch_rows = 3;
+    std::vector<BatchItem> items;
+    for (uint32_t rows : {1u, 2u}) {
+      auto r = std::make_shared<PreparedRequest>();
+      r->rows = rows;
+      BatchItem it;
+      it.req = r;
+      it.enqueued = Clock::now();
+      it.done = [&seen, n](const absl::Status& s, const BatchRowsResult* res) {
+        ASSERT_TRUE(s.ok());
+        ASSERT_NE(res, nullptr);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // answering takes a while
+        seen.push_back({n, res->row0, res->gathered, std::vector<uint8_t>(res->gathered, res->gathered + 96)});
+      };
+      items.push_back(std::move(it));
+    }
+    c.Submit(std::move(items), base, Clock::now());
+  }
   c.Drain();
   EXPECT_FALSE(c.Busy());
-  ASSERT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[0].row0, 0u);
-  EXPECT_EQ(seen[1].row0, 1u);
-  EXPECT_EQ(seen[0].bytes, original);
-  EXPECT_EQ(seen[1].bytes, original);
+  ASSERT_EQ(seen.size(), 2u * batches);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const int n = static_cast<int>(i / 2);
+    EXPECT_EQ(seen[i].batch, n);
+    EXPECT_EQ(seen[i].row0, i % 2 == 0 ? 0u : 1u);
+    EXPECT_EQ(seen[i].gathered, buffers[n % 2].data()) << "answered from a copy";
+    EXPECT_EQ(seen[i].bytes, pattern(n)) << "batch " << n << "'s payload was overwritten while answered";
+  }
 }
 
 // The engine runs at most one batch ahead of the answers: while a batch is being answered, the
-// next Submit blocks until it is (one payload copy held; no answers queue behind others').
+// next Submit blocks until it is (so two payload buffers in turn suffice; no answers queue behind
+// others').
 TEST(CompleterTest, ASubmitterWaitsWhileABatchIsBeingAnswered) {
   ShardGeometry geo = ShardGeometry::Make(1, 0, 64, 64, 64);
   PayloadLayout layout;

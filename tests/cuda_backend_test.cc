@@ -382,7 +382,8 @@ TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
 // The engine's overlap (BatchLoop's ahead): while a batch is on the device, its while_running
 // writes the next batch's rows into the upload buffer. Every batch of a chain so written must
 // equal the same batch run alone: the rows are written only after the step's H2D read them (a
-// race would mix two batches' rows), graphs on (the H2D inside the graph) and off.
+// race would mix two batches' rows), graphs on (the H2D inside the graph) and off; and the last
+// batch's host payload, which the completer answers from meanwhile, must stay as it was.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
@@ -423,6 +424,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
     uint16_t* in = (*be)->InputRows(static_cast<uint32_t>(chain[0].tasks.size()));
     ASSERT_NE(in, nullptr);
     std::memcpy(in, chain[0].x.data(), chain[0].x.size() * 2);
+    const uint8_t* last_payload = nullptr;
     for (size_t b = 0; b < chain.size(); ++b) {
       const BatchControl ctl = ctl_of(chain[b]);
       int calls = 0;
@@ -437,18 +439,28 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(calls, 1);
       // Each row's answer bytes (not the blocks' alignment padding, which no kernel writes).
+      auto check = [&](const uint8_t* p, size_t of, const char* what) {
+        const BatchControl c = ctl_of(chain[of]);
+        const PayloadLayout layout = MakePayloadLayout(c.tasks, c.rows, S);
+        for (uint32_t i = 0; i < c.rows; ++i) {
+          const RowTask& t = c.tasks[i];
+          const size_t answer = t.mode == RowMode::kFullLogits
+                                    ? static_cast<size_t>(S) * 4
+                                    : sizeof(SoftmaxPartial) + t.k * sizeof(Candidate);
+          const size_t off = layout.row_offset[i];
+          ASSERT_LE(off + answer, chain[of].alone.size());
+          EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
+              << what << " batch " << of << " row " << i << ", graphs " << graphs;
+        }
+      };
       const auto* p = static_cast<const uint8_t*>(*out);
-      const PayloadLayout layout = MakePayloadLayout(ctl.tasks, ctl.rows, S);
-      for (uint32_t i = 0; i < ctl.rows; ++i) {
-        const RowTask& t = ctl.tasks[i];
-        const size_t answer = t.mode == RowMode::kFullLogits
-                                  ? static_cast<size_t>(S) * 4
-                                  : sizeof(SoftmaxPartial) + t.k * sizeof(Candidate);
-        const size_t off = layout.row_offset[i];
-        ASSERT_LE(off + answer, chain[b].alone.size());
-        EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[b].alone.begin() + off))
-            << "batch " << b << " row " << i << ", graphs " << graphs;
+      check(p, b, "this");
+      // The batch before is still being answered from: this Run left its host payload alone.
+      if (b > 0) {
+        EXPECT_NE(p, last_payload);
+        check(last_payload, b - 1, "the last");
       }
+      last_payload = p;
       in = next_in;
     }
   }

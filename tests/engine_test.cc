@@ -339,6 +339,44 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
   }
 }
 
+// RunBatch's payload (and layout) of one batch stays as it was while the next batch runs: the
+// completer answers from it meanwhile, without a copy (alone: the backend's two host payloads; in a
+// group: the two gather buffers).
+TEST(EngineTest, APayloadStaysIntactWhileTheNextBatchRuns) {
+  const int64_t rows = 300, k = 64;
+  const auto w = ref::RandomBf16(rows * k, 21, 0.05);
+  for (int tp : {1, 2}) {
+    auto g = StartGroup(w, rows, k, tp, rows, false, 64, {}, nullptr, /*start_loop=*/false);
+    RankEngine& e = *g->engines[0];
+    auto control = [](uint32_t n, RowMode mode) {
+      BatchControl c;
+      c.rows = n;
+      for (uint32_t i = 0; i < n; ++i) {
+        c.tasks[i] = RowTask{mode, RowHead::kFp8Twin, OutDType::kFp32, 0, mode == RowMode::kTopK ? 4u : 0u,
+                             1.f, i, 0};
+      }
+      return c;
+    };
+    const BatchControl a = control(3, RowMode::kFullLogits), b = control(5, RowMode::kTopK);
+    const auto xa = ref::RandomBf16(3 * k, 31), xb = ref::RandomBf16(5 * k, 32);
+    auto ga = e.RunBatch(a, xa.data());
+    ASSERT_TRUE(ga.ok()) << ga.status();
+    const size_t bytes = ga->per_rank_bytes * tp;
+    const std::vector<uint8_t> kept(ga->data, ga->data + bytes);
+    const std::vector<size_t> kept_offsets = ga->layout->row_offset;
+    auto gb = e.RunBatch(b, xb.data());
+    ASSERT_TRUE(gb.ok()) << gb.status();
+    EXPECT_NE(gb->data, ga->data) << "tp " << tp;
+    EXPECT_EQ(std::vector<uint8_t>(ga->data, ga->data + bytes), kept) << "tp " << tp << ": batch a's payload moved";
+    EXPECT_EQ(ga->layout->row_offset, kept_offsets) << "tp " << tp << ": batch a's layout changed";
+    // And the next batch may reuse a's buffers again.
+    auto gc = e.RunBatch(a, xa.data());
+    ASSERT_TRUE(gc.ok()) << gc.status();
+    EXPECT_EQ(std::vector<uint8_t>(gc->data, gc->data + bytes), kept) << "tp " << tp;
+    ASSERT_TRUE(e.Shutdown().ok());
+  }
+}
+
 // Rank 0's collective with a gate: once armed, the next Broadcast (a batch or the idle heartbeat,
 // both on the thread that holds the engine) waits until the gate opens, so a test knows the engine
 // is held.

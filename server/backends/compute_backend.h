@@ -35,6 +35,22 @@ struct LoadReport {
   size_t device_bytes = 0;  // weight bytes resident for this rank
 };
 
+// A backend's two host buffers of one kind, handed out in turn (see Run and ScratchBuffer).
+template <typename Buffer>
+class BufferPair {
+ public:
+  Buffer& Next() {
+    next_ ^= 1;
+    return b_[next_];
+  }
+  Buffer& operator[](int i) { return b_[i]; }
+  int last() const { return next_; }  // the one Next returned last
+
+ private:
+  Buffer b_[2];
+  int next_ = 1;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -49,7 +65,9 @@ class ComputeBackend {
 
   // Computes this rank's payload for ctl.rows rows of x (bf16 bits [rows, K], host memory) in the
   // layout MakePayloadLayout(ctl.tasks, rows, S) gives. The result lives in a backend-owned buffer
-  // in `space` (kDevice only for backends with device memory), valid until the next Run.
+  // in `space` (kDevice only for backends with device memory): a device one is valid until the next
+  // Run; host ones are two used in turn, each valid until the second-next Run in host space, so
+  // that one batch's payload can be answered from while the next batch runs (no copy).
   // `while_running` (may be empty) is the caller's work to overlap with the device's: Run calls it
   // once, on the calling thread, after the batch stopped reading x and the InputRows buffer (the
   // next batch's rows may be written there meanwhile) and before it waits for the device; a
@@ -69,8 +87,9 @@ class ComputeBackend {
   virtual StageTimes stage_times() const = 0;
 
   // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target; in host memory,
-  // where a device gather is copied back: pinned on the GPU), valid until the next call to
-  // ScratchBuffer for the same space; and a copy from it to host memory.
+  // where a device gather is copied back: pinned on the GPU), and a copy from it to host memory. A
+  // device one is valid until the next call for kDevice; host ones, like Run's, are two used in
+  // turn, each valid until the second-next call for kHost.
   virtual absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) = 0;
 };

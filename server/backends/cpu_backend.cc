@@ -66,7 +66,8 @@ class CpuBackend : public ComputeBackend {
     const int64_t S = g.shard_rows, K = g.hidden;
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
     const auto t0 = std::chrono::steady_clock::now();
-    payload_.resize(layout.bytes());
+    std::vector<uint8_t>& payload = payloads_.Next();
+    payload.resize(layout.bytes());
     logits_.resize(static_cast<size_t>(rows) * S);
 
     // One GEMV per head over that head's rows (gathered so each weight is read once). The common
@@ -109,7 +110,7 @@ class CpuBackend : public ComputeBackend {
       for (int64_t i = r0; i < r1; ++i) {
         const RowTask& t = ctl.tasks[i];
         const float* y = &logits_[static_cast<size_t>(i) * S];
-        uint8_t* out = payload_.data() + layout.row_offset[i];
+        uint8_t* out = payload.data() + layout.row_offset[i];
         if (t.mode == RowMode::kFullLogits) {
           if (t.dtype == OutDType::kFp32) {
             std::memcpy(out, y, S * 4);
@@ -143,7 +144,7 @@ class CpuBackend : public ComputeBackend {
     times_.epilogue_us = MicrosBetween(t1, std::chrono::steady_clock::now());
     // No device to overlap with: the caller's work runs after the batch, as the contract allows.
     if (while_running) while_running();
-    return static_cast<const void*>(payload_.data());
+    return static_cast<const void*>(payload.data());
   }
 
   StageTimes stage_times() const override { return times_; }
@@ -151,8 +152,9 @@ class CpuBackend : public ComputeBackend {
   absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
     if (space != MemorySpace::kHost)
       return absl::InvalidArgumentError("cpu backend: no device memory");
-    scratch_.resize(bytes);
-    return static_cast<void*>(scratch_.data());
+    std::vector<uint8_t>& scratch = scratches_.Next();
+    scratch.resize(bytes);
+    return static_cast<void*>(scratch.data());
   }
 
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) override {
@@ -166,7 +168,7 @@ class CpuBackend : public ComputeBackend {
   BackendOptions opts_;
   cpu::ThreadPool pool_;
   ShardWeights w_;
-  std::vector<uint8_t> payload_, scratch_;
+  BufferPair<std::vector<uint8_t>> payloads_, scratches_;  // host results: two in turn
   std::vector<float> logits_, yg_;
   std::vector<uint16_t> xg_;
   StageTimes times_;

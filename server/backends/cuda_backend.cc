@@ -178,7 +178,6 @@ class CudaBackend : public ComputeBackend {
     if (rows < 1 || rows > kMaxRowsLimit)
       return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
     const int64_t S = geo_.shard_rows, K = geo_.hidden;
-    const int64_t ldy = Ldy();
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
     const size_t xbytes = static_cast<size_t>(rows) * K * 2;
     const size_t desc_off = Align16(xbytes);
@@ -236,6 +235,10 @@ class CudaBackend : public ComputeBackend {
     step.stage_bytes = stage_bytes;
     step.desc_off = desc_off;
     step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
+    if (space == MemorySpace::kHost) {
+      hpayloads_.Next();  // the other host payload: the last one may still be being answered from
+      step.host_slot = hpayloads_.last();
+    }
     bool graphed = false;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &graphed));
     if (while_running) {
@@ -269,7 +272,8 @@ class CudaBackend : public ComputeBackend {
     times_.epilogue_us = us(ms[2]);
     times_.d2h_us = us(ms[3]);
     times_.graph = graphed;
-    return static_cast<const void*>(space == MemorySpace::kHost ? hpayload_.p : payload_.p);
+    return static_cast<const void*>(space == MemorySpace::kHost ? hpayloads_[step.host_slot].p
+                                                                 : payload_.p);
   }
 
   uint16_t* InputRows(uint32_t rows) override {
@@ -290,8 +294,9 @@ class CudaBackend : public ComputeBackend {
       DH_CUDA_CHECK(dscratch_.Reserve(std::max<size_t>(bytes, 16)));
       return dscratch_.p;
     }
-    DH_CUDA_CHECK(hscratch_.Reserve(std::max<size_t>(bytes, 16)));
-    return hscratch_.p;
+    PinnedMem& h = hscratches_.Next();
+    DH_CUDA_CHECK(h.Reserve(std::max<size_t>(bytes, 16)));
+    return h.p;
   }
 
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) override {
@@ -312,6 +317,7 @@ class CudaBackend : public ComputeBackend {
     int rows = 0, n_fp8 = 0, n_bf16 = 0;
     size_t stage_bytes = 0, desc_off = 0;
     size_t d2h_bytes = 0;  // 0: the payload stays on the device
+    int host_slot = 0;     // which of hpayloads_ the D2H fills
   };
 
   // The step's stream work, launched one by one: H2D of the staging buffer, the GEMV(s), the
@@ -348,8 +354,8 @@ class CudaBackend : public ComputeBackend {
                                       escratch_.bytes, stream_, desc));
     DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[3], stream_, record_flags_));
     if (s.d2h_bytes > 0) {
-      DH_CUDA_CHECK(cudaMemcpyAsync(hpayload_.p, payload_.p, s.d2h_bytes, cudaMemcpyDeviceToHost,
-                                    stream_));
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.host_slot].p, payload_.p, s.d2h_bytes,
+                                    cudaMemcpyDeviceToHost, stream_));
     }
     DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[4], stream_, record_flags_));
     return absl::OkStatus();
@@ -359,13 +365,14 @@ class CudaBackend : public ComputeBackend {
   // launches eagerly (graphs off, cuBLAS rows, a shape whose capture failed, the cache full).
   // Every value a step's kernels read that changes between steps of one shape (x, the row
   // descriptors) lies in dstage_, uploaded by the graph's own H2D node; the rest is fixed per shape:
-  // the row count, the epilogue's kernels (EpilogueLaunches) and the bytes copied back.
+  // the row count, the epilogue's kernels (EpilogueLaunches), the bytes copied back and where to.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
     if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
     const uint64_t key = static_cast<uint64_t>(s.rows) |
                          static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
-                         static_cast<uint64_t>(s.d2h_bytes) << 24;
+                         static_cast<uint64_t>(s.d2h_bytes) << 24 |
+                         static_cast<uint64_t>(s.host_slot) << 63;
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc);
@@ -426,15 +433,18 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
-    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayload_.p, escratch_.p};
+    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayloads_[0].p, hpayloads_[1].p,
+                            escratch_.p};
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
     DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
-    DH_CUDA_CHECK(hpayload_.Reserve(payload_bytes));
+    DH_CUDA_CHECK(hpayloads_[0].Reserve(payload_bytes));
+    DH_CUDA_CHECK(hpayloads_[1].Reserve(payload_bytes));
     DH_CUDA_CHECK(escratch_.Reserve(
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
-    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayload_.p, escratch_.p};
+    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayloads_[0].p, hpayloads_[1].p,
+                           escratch_.p};
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
@@ -451,12 +461,14 @@ class CudaBackend : public ComputeBackend {
   DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
-  PinnedMem stage_, hpayload_, hscratch_;
+  PinnedMem stage_;
+  BufferPair<PinnedMem> hpayloads_, hscratches_;  // host results: two in turn (Run, ScratchBuffer)
   std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)
   cudaEvent_t events_[5] = {};  // before H2D, after H2D, GEMV, epilogue, D2H
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
-  // server sees few shapes (row counts x mode mixes), and beyond kMaxGraphs steps run eagerly.
-  static constexpr size_t kMaxGraphs = 256;
+  // server sees few shapes (row counts x mode mixes, x 2 host payload buffers), and beyond
+  // kMaxGraphs steps run eagerly.
+  static constexpr size_t kMaxGraphs = 512;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool timing_warned_ = false;
   bool in_run_ = false;     // Run is in its while_running (InputRows must not reallocate)

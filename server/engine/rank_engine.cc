@@ -99,7 +99,7 @@ absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl
   times->graph = b.graph;
   if (world() == 1) return payload;
   const auto t0 = Clock::now();
-  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout_.bytes(), recv, space, opts_.op_timeout));
+  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout().bytes(), recv, space, opts_.op_timeout));
   times->gather_us = MicrosSince(t0);
   return static_cast<const void*>(recv);
 }
@@ -117,15 +117,15 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(BroadcastMessage(opts_.op_timeout));
   g.stages.broadcast_us = world() == 1 ? 0 : MicrosSince(t0);
-  layout_ = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
-  const size_t total = layout_.bytes() * world();
+  layouts_.Next() = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
+  const size_t total = layout().bytes() * world();
   void* recv = nullptr;
   uint32_t post_us = 0;
   if (world() > 1) {
     DH_ASSIGN_OR_RETURN(recv, backend_->ScratchBuffer(total, space_));
     // The workers' payloads may land while rank 0 computes its own.
     const auto t1 = Clock::now();
-    DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout_.bytes(), space_));
+    DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
     post_us = MicrosSince(t1);
   }
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages, while_running));
@@ -138,8 +138,8 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
     out = host;
   }
   g.data = static_cast<const uint8_t*>(out);
-  g.per_rank_bytes = layout_.bytes();
-  g.layout = &layout_;
+  g.per_rank_bytes = layout().bytes();
+  g.layout = &layout();
   return g;
 }
 
@@ -170,7 +170,7 @@ absl::Status RankEngine::RunWorker() {
                                               h.message_bytes, " bytes"));
     ctl_.rows = h.rows;
     std::memcpy(ctl_.tasks, msg_.data() + sizeof(BatchHeader), h.rows * sizeof(RowTask));
-    layout_ = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
+    layouts_.Next() = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
     const auto* x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
     StageTimes unused;
     DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused, nullptr).status());

@@ -76,14 +76,16 @@ class RankEngine {
 
   // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K] (HiddenRowsFor's buffer or any
   // other). Returns every rank's payload back to back (world * per_rank_bytes), per
-  // MakePayloadLayout(ctl.tasks, rows, S), valid until the next batch.
+  // MakePayloadLayout(ctl.tasks, rows, S), in host memory, valid until the second-next batch
+  // (payloads and layouts alternate between two buffers: one batch may be answered from while the
+  // next runs, with no copy).
   // `while_running` (may be empty; alone only, at tp > 1 it is not called): the caller's work
   // while the batch is on the device (ComputeBackend::Run), which may call HiddenRowsFor and write
   // the next batch's rows there: the batch in flight no longer reads them.
   struct Gathered {
     const uint8_t* data = nullptr;
     size_t per_rank_bytes = 0;
-    const PayloadLayout* layout = nullptr;  // the batch's row offsets, valid until the next batch
+    const PayloadLayout* layout = nullptr;  // the batch's row offsets, valid as long as data
     StageTimes stages;                      // where the batch's time went
   };
   absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x,
@@ -116,7 +118,9 @@ class RankEngine {
   size_t frame_bytes_ = kMinFrameBytes;  // the next broadcast's size, agreed the step before
   std::vector<uint8_t> msg_;         // the step's message (16-byte aligned: operator new)
   BatchControl ctl_;                 // workers: the received batch's tasks
-  PayloadLayout layout_;             // the current batch's payload layout
+  // The batch's payload layout: two in turn, like the payloads they describe (RunBatch).
+  BufferPair<PayloadLayout> layouts_;
+  const PayloadLayout& layout() { return layouts_[layouts_.last()]; }  // the current batch's
 };
 
 }  // namespace drafthead

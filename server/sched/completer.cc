@@ -1,7 +1,5 @@
 #include "server/sched/completer.h"
 
-#include <cstring>
-
 namespace drafthead {
 
 void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::time_point started) {
@@ -25,26 +23,12 @@ Completer::~Completer() {
 
 void Completer::Submit(std::vector<BatchItem> items, const BatchRowsResult& result,
                        Clock::time_point started) {
-  Job job;
-  {
-    absl::MutexLock l(&mu_);
-    // One batch at a time: the engine computes the next while this one is answered, then waits
-    // here; so one payload copy is held, and a later batch's answers never queue behind others'.
-    mu_.Await(absl::Condition(this, &Completer::Idle));
-    if (!spare_.empty()) {
-      job.bytes = std::move(spare_.back());
-      spare_.pop_back();
-    }
-  }
-  const size_t bytes = result.per_rank_bytes * result.geometry->tp;
-  job.bytes.resize(bytes);
-  std::memcpy(job.bytes.data(), result.gathered, bytes);
-  job.layout = *result.layout;
-  job.items = std::move(items);
-  job.result = result;
-  job.started = started;
   absl::MutexLock l(&mu_);
-  jobs_.push_back(std::move(job));
+  // One batch at a time: the engine computes the next while this one is answered, then waits
+  // here; so a later batch's answers never queue behind others', and the payload this batch is
+  // answered from is not overwritten meanwhile (RunBatch's buffers alternate).
+  mu_.Await(absl::Condition(this, &Completer::Idle));
+  jobs_.push_back(Job{std::move(items), result, started});
 }
 
 bool Completer::Busy() const {
@@ -68,11 +52,8 @@ void Completer::Loop() {
       jobs_.pop_front();
       running_ = true;
     }
-    job.result.gathered = job.bytes.data();
-    job.result.layout = &job.layout;
     AnswerBatch(job.items, job.result, job.started);
     absl::MutexLock l(&mu_);
-    spare_.push_back(std::move(job.bytes));
     running_ = false;
   }
 }

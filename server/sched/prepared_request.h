@@ -21,7 +21,7 @@ struct PreparedRequest {
 };
 
 // One request's share of a finished batch. Every pointer is valid only during the completion
-// callback that receives it (the gathered buffer is reused by the next batch).
+// callback that receives it (the gathered buffer is reused by a later batch).
 struct BatchRowsResult {
   const PayloadLayout* layout = nullptr;  // the batch's per-rank payload layout
   const uint8_t* gathered = nullptr;      // world blocks of per_rank_bytes
