@@ -46,6 +46,10 @@ mkdir -p "$out"
 # The in-process original (../shared/seed, never committed), for the lane-vs-original table.
 seed_dir="${DRAFTHEAD_SHARED:-$root/../shared}/seed"
 [ -d "$seed_dir" ] && mkdir -p "$out/seed" && cp "$seed_dir"/* "$out/seed/"
+# What the bundle was built from (the tables print it: a warm device machine's checkout or build
+# folder may be older than the bundle that runs).
+echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo -dirty)" \
+  >"$stage/COMMIT"
 # Written beside and renamed into place: a device call that copies the tree meanwhile sees the old
 # bundle or the new one, never half of one.
 tar -C "$stage" -cJf "$out/.drafthead-gpu.tar.xz.part" .

@@ -32,7 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
 for g in on off; do
   flag=true; [ $g = off ] && flag=false

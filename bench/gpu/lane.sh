@@ -38,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
 # A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, rows/s, errors.
 cpp_point() {  # LABEL WAY FLAGS...

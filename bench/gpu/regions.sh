@@ -29,7 +29,7 @@ pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -f "$json"' EXIT
 "$cli" info --target=$target --wait=600 >/dev/null || { tail -20 "$log"; exit 1; }
 
-echo "date: $(date -u +%F), device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo none), commit: $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+echo "date: $(date -u +%F), device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo none), commit: ${DH_COMMIT:-unknown} (the bundle's)"
 echo "server: --tp=1 ${server_flags[*]}; M = 5, c = 1, ${secs} s per C++ point"
 echo
 echo "| mode | client | way in | p50 us | p99 us | GEMV (compute_us p50) | p50 - GEMV |"

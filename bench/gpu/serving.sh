@@ -37,7 +37,7 @@ t_start=$SECONDS
 stamp() { echo "[$1 done at +$((SECONDS - t_start)) s]"; }
 
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
-echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
 gemv64=""
 if want bench; then
