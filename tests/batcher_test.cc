@@ -429,6 +429,18 @@ TEST(BatcherTest, UnaryCallersOverOneSocketAreToldApartByTheirHeader) {
   EXPECT_EQ(b.depth_by_class().at("unary").callers, 2u);
 }
 
+// A finished batch's result over `gathered` (what BatchLoop hands the completer).
+BatchRowsResult ResultOver(const PayloadLayout& layout, const uint8_t* gathered, size_t per_rank_bytes,
+                           const ShardGeometry& geo, uint32_t batch_rows) {
+  BatchRowsResult r;
+  r.layout = &layout;
+  r.gathered = gathered;
+  r.per_rank_bytes = per_rank_bytes;
+  r.geometry = &geo;
+  r.batch_rows = batch_rows;
+  return r;
+}
+
 // The completer answers from the engine's own payload (no copy), each request with its rows, in
 // order, before Drain returns; an engine that writes its two payload buffers in turn (as RunBatch
 // does) never overwrites one still being answered from, since Submit waits for the batch before.
@@ -455,12 +467,7 @@ TEST(CompleterTest, AnswersFromTheEnginesBuffersInTurnInOrderBeforeDrainReturns)
     std::vector<uint8_t>& buf = buffers[n % 2];
     const std::vector<uint8_t> p = pattern(n);
     std::copy(p.begin(), p.end(), buf.begin());  // the engine's batch n (after Submit of n - 1)
-    BatchRowsResult base;
-    base.layout = &layout;
-    base.gathered = buf.data();
-    base.per_rank_bytes = 48;
-    base.geometry = &geo;
-    base.batch_rows = 3;
+    const BatchRowsResult base = ResultOver(layout, buf.data(), 48, geo, 3);
     std::vector<BatchItem> items;
     for (uint32_t rows : {1u, 2u}) {
       auto r = std::make_shared<PreparedRequest>();
@@ -498,12 +505,7 @@ TEST(CompleterTest, ASubmitterWaitsWhileABatchIsBeingAnswered) {
   PayloadLayout layout;
   layout.row_offset = {0, 16};
   std::vector<uint8_t> gathered(16);
-  BatchRowsResult base;
-  base.layout = &layout;
-  base.gathered = gathered.data();
-  base.per_rank_bytes = 16;
-  base.geometry = &geo;
-  base.batch_rows = 1;
+  const BatchRowsResult base = ResultOver(layout, gathered.data(), 16, geo, 1);
   absl::Notification release;
   std::atomic<int> answered{0};
   auto batch = [&](bool block) {
