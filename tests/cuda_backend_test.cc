@@ -383,12 +383,14 @@ TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
 // writes the next batch's rows into the upload buffer. Every batch of a chain so written must
 // equal the same batch run alone: the rows are written only after the step's H2D read them (a
 // race would mix two batches' rows), graphs on (the H2D inside the graph) and off; and the last
-// batch's host payload, which the completer answers from meanwhile, must stay as it was.
+// batch's host payload, which the completer answers from meanwhile, must stay as it was. With
+// launch_ahead the next batch is also launched there, behind the running one (--launch-ahead).
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
-  for (bool graphs : {true, false}) {
+  for (auto [graphs, launch_ahead] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
+                                      std::pair{false, true}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
@@ -425,16 +427,25 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
     ASSERT_NE(in, nullptr);
     std::memcpy(in, chain[0].x.data(), chain[0].x.size() * 2);
     const uint8_t* last_payload = nullptr;
+    bool launched = false;  // batch b was launched during b - 1
     for (size_t b = 0; b < chain.size(); ++b) {
       const BatchControl ctl = ctl_of(chain[b]);
       int calls = 0;
       uint16_t* next_in = nullptr;
-      auto out = (*be)->Run(ctl, in, MemorySpace::kHost, [&] {
+      if (!launched) {
+        ASSERT_TRUE((*be)->Launch(ctl, in, MemorySpace::kHost).ok());
+      }
+      launched = false;
+      auto out = (*be)->Finish([&] {
         ++calls;
         if (b + 1 == chain.size()) return;
         next_in = (*be)->InputRows(static_cast<uint32_t>(chain[b + 1].tasks.size()));
         ASSERT_NE(next_in, nullptr);
         std::memcpy(next_in, chain[b + 1].x.data(), chain[b + 1].x.size() * 2);
+        if (launch_ahead) {
+          ASSERT_TRUE((*be)->Launch(ctl_of(chain[b + 1]), next_in, MemorySpace::kHost).ok());
+          launched = true;
+        }
       });
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(calls, 1);
@@ -450,7 +461,8 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
           const size_t off = layout.row_offset[i];
           ASSERT_LE(off + answer, chain[of].alone.size());
           EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
-              << what << " batch " << of << " row " << i << ", graphs " << graphs;
+              << what << " batch " << of << " row " << i << ", graphs " << graphs << ", launch ahead "
+              << launch_ahead;
         }
       };
       const auto* p = static_cast<const uint8_t*>(*out);

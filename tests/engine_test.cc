@@ -279,11 +279,14 @@ TEST(EngineTest, BatchedRequestsEqualTheSameRequestsAlone) {
 // of at most 8 rows, each taken ahead of its predecessor's end; every answer equals the same
 // request alone. In a group (tp = 2) nothing is taken ahead (the rows would go into the broadcast
 // buffer) and the answers are the same.
+// Also launched ahead (--launch-ahead: the engine has the next batch launched behind the one it
+// finishes; alone only, so at tp = 2 nothing is launched ahead).
 TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
   const int64_t rows = 300, k = 64;
   const auto w = ref::RandomBf16(rows * k, 31, 0.05);
-  for (int tp : {1, 2}) {
+  for (auto [tp, launch] : {std::pair{1, false}, std::pair{1, true}, std::pair{2, true}}) {
     auto g = StartGroup(w, rows, k, tp, rows, false, 8, {}, nullptr, /*start_loop=*/false);
+    g->loop = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr, true, launch);
     std::vector<v1::LogitsRequest> reqs;
     for (int i = 0; i < 24; ++i) {
       const int m = 1 + i % 4;
@@ -298,7 +301,7 @@ TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
     StartLoop(*g);
     std::vector<Result> batched;
     for (auto& f : futs) batched.push_back(f.get());
-    const uint64_t ahead = g->loop->batches_taken_ahead();
+    const uint64_t ahead = g->loop->batches_taken_ahead(), launched = g->loop->batches_launched_ahead();
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Result alone = Submit(*g, reqs[i]).get();
       ASSERT_TRUE(batched[i].status.ok()) << batched[i].status;
@@ -307,12 +310,20 @@ TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
       EXPECT_EQ(std::vector<int32_t>(batched[i].resp.token_ids().begin(), batched[i].resp.token_ids().end()),
                 std::vector<int32_t>(alone.resp.token_ids().begin(), alone.resp.token_ids().end()))
           << "tp " << tp << ", request " << i;
+      EXPECT_EQ(std::vector<float>(batched[i].resp.values().begin(), batched[i].resp.values().end()),
+                std::vector<float>(alone.resp.values().begin(), alone.resp.values().end()))
+          << "tp " << tp << ", request " << i;
+      EXPECT_EQ(std::vector<float>(batched[i].resp.probs().begin(), batched[i].resp.probs().end()),
+                std::vector<float>(alone.resp.probs().begin(), alone.resp.probs().end()))
+          << "tp " << tp << ", request " << i;
     }
     if (tp == 1) {
       // 60 rows in batches of <= 8, queued at once: the next batch was full (ready) while most ran.
       EXPECT_GE(ahead, 5u);
+      EXPECT_EQ(launched, launch ? ahead : 0u) << "every batch taken ahead is launched ahead";
     } else {
       EXPECT_EQ(ahead, 0u);
+      EXPECT_EQ(launched, 0u);
     }
   }
 }
@@ -337,6 +348,60 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
               std::vector<int32_t>(a.resp.token_ids().begin(), a.resp.token_ids().end())) << m;
     EXPECT_EQ(b.resp.timing().batch_rows(), static_cast<uint32_t>(m));
   }
+}
+
+// ComputeBackend's two-call form (the CPU backend, the reference for the CUDA one): two batches
+// launched finish in launch order with the payloads they have alone, a third launch waits for a
+// finish, and a payload stays intact until kHostPayloads more batches were launched.
+TEST(EngineTest, LaunchedBatchesFinishInOrderAndPayloadsTakeTurns) {
+  const int64_t rows = 300, k = 64;
+  const auto w = ref::RandomBf16(rows * k, 21, 0.05);
+  BackendOptions bo;
+  bo.threads = 1;
+  auto be = MakeCpuBackend(bo);
+  ShardWeights sw;
+  sw.geo = ShardGeometry::Make(1, 0, k, rows, rows);
+  sw.bf16 = w;
+  ASSERT_TRUE(be->Load(std::move(sw)).ok());
+  auto control = [](uint32_t n, RowMode mode) {
+    BatchControl c;
+    c.rows = n;
+    for (uint32_t i = 0; i < n; ++i)
+      c.tasks[i] = RowTask{mode, RowHead::kFp8Twin, OutDType::kFp32, 0, mode == RowMode::kTopK ? 4u : 0u, 1.f, i, 0};
+    return c;
+  };
+  const BatchControl ctl[3] = {control(3, RowMode::kFullLogits), control(5, RowMode::kTopK),
+                               control(2, RowMode::kArgmax)};
+  std::vector<uint16_t> x[3];
+  std::vector<uint8_t> alone[3];
+  for (int b = 0; b < 3; ++b) {
+    x[b] = ref::RandomBf16(ctl[b].rows * k, 40 + b);
+    auto p = be->Run(ctl[b], x[b].data(), MemorySpace::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const size_t bytes = MakePayloadLayout(ctl[b].tasks, ctl[b].rows, rows).bytes();
+    alone[b].assign(static_cast<const uint8_t*>(*p), static_cast<const uint8_t*>(*p) + bytes);
+  }
+  auto same = [&](const void* p, int b) {
+    const auto* q = static_cast<const uint8_t*>(p);
+    return std::vector<uint8_t>(q, q + alone[b].size()) == alone[b];
+  };
+  ASSERT_TRUE(be->Launch(ctl[0], x[0].data(), MemorySpace::kHost).ok());
+  ASSERT_TRUE(be->Launch(ctl[1], x[1].data(), MemorySpace::kHost).ok());
+  EXPECT_EQ(be->Launch(ctl[2], x[2].data(), MemorySpace::kHost).code(), absl::StatusCode::kFailedPrecondition);
+  int calls = 0;
+  auto p0 = be->Finish([&] { ++calls; });
+  ASSERT_TRUE(p0.ok()) << p0.status();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(same(*p0, 0));
+  // Launched from the finishing batch's while_running, as the batch loop does.
+  auto p1 = be->Finish([&] { ASSERT_TRUE(be->Launch(ctl[2], x[2].data(), MemorySpace::kHost).ok()); });
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  auto p2 = be->Finish(nullptr);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  EXPECT_TRUE(same(*p1, 1));
+  EXPECT_TRUE(same(*p2, 2));
+  EXPECT_TRUE(same(*p0, 0)) << "the first payload was reused before kHostPayloads launches";
+  EXPECT_EQ(be->Finish(nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // RunBatch's payload (and layout) of one batch stays as it was while the next batch runs: the

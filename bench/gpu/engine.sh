@@ -2,11 +2,12 @@
 # Issue 22's engine table in one device command: one server flag on against off, two tp=1
 # --comm=nccl servers (full vocabulary, synthetic weights) on the one GPU, measured alternately in
 # ROUNDS rounds so both see the same machine. Only one server has work at a time (no time slicing
-# between them). FLAG (default cuda-graphs): --cuda-graphs (captured graphs vs eager launches) or
-# --take-ahead (the next batch prepared during one vs after it). Here: `bench/gpu/bundle.sh`; on the
+# between them). FLAG (default cuda-graphs): --cuda-graphs (captured graphs vs eager launches),
+# --take-ahead (the next batch prepared during one vs after it) or --launch-ahead (also launched
+# behind it vs launched once the last one is done). Here: `bench/gpu/bundle.sh`; on the
 # GPU machine, from the repository root (carry `bundle-gpu`):
 #
-#   ROUNDS=2 SECS=2 [FLAG=take-ahead] bash bench/gpu/engine.sh
+#   ROUNDS=2 SECS=2 [FLAG=take-ahead|launch-ahead] bash bench/gpu/engine.sh
 #
 # Points: gRPC unary c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=64 TOP_K k=8 (one batch of 64 rows);
 # c=64 M=5 TOP_K (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX, c=64 M=5
@@ -77,9 +78,9 @@ for label, d in v.items():
     print(f"| {label} | {a:.1f} | {b:.1f} | {a / b:.3f} | {ra:.0f} | {rb:.0f} | {ra / rb:.3f} |")
 PY
 
-echo; echo "### Batches replayed from a graph / taken ahead (drafthead_graph_batches_total, drafthead_ahead_batches_total / drafthead_batches_total)"
+echo; echo "### Batches replayed from a graph / taken ahead / launched ahead (drafthead_graph_batches_total, drafthead_ahead_batches_total, drafthead_launched_ahead_batches_total / drafthead_batches_total)"
 for g in on off; do
   m=$(curl -s "http://127.0.0.1:${mports[$g]}/metrics" 2>/dev/null || python3 -c "import urllib.request,sys; print(urllib.request.urlopen('http://127.0.0.1:${mports[$g]}/metrics').read().decode())")
-  echo "--$flag_name $g: $(echo "$m" | grep -E '^drafthead_(graph_|ahead_)?batches_total ' | tr '\n' ' ')"
+  echo "--$flag_name $g: $(echo "$m" | grep -E '^drafthead_(graph_|ahead_|launched_ahead_)?batches_total ' | tr '\n' ' ')"
 done
 grep -h "cuda_graph_capture_failed\|stage_timing_unavailable" "$tmp"/on.log "$tmp"/off.log | head -5

@@ -47,6 +47,9 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(bool, take_ahead, true,
           "Alone (tp = 1): while a batch is on the device and a full batch waits, take it and write "
           "its rows into the upload buffer (false: take each batch once the last one is done)");
+ABSL_FLAG(bool, launch_ahead, false,
+          "Alone (tp = 1) on a GPU, with --take-ahead: also launch the batch taken ahead behind the one "
+          "on the device, so the GPU goes on to it while the other is answered (off until measured)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -143,6 +146,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
+  c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);
   if (c.backend_options.threads < 0) return Bad("--threads must be >= 0 (0: hardware threads / ranks on this host)");
   const std::string isa = absl::GetFlag(FLAGS_isa);

@@ -231,7 +231,7 @@ int ServeAsRank0(const ServerConfig& c, const ModelLayout& m, RankEngine& engine
     front.health.SetServing(false);
     front.metrics->SetServing(false);
     shutdown.Notify(ShutdownReason::Failure(s));
-  }, c.take_ahead);
+  }, c.take_ahead, c.launch_ahead && engine.backend().has_device_memory());
   absl::Status loop_status;
   shutdown.MarkServing();  // from now on a signal drains and a failure exits 2
   std::thread loop_thread([&] { loop_status = loop.Run(); });

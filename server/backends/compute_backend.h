@@ -35,21 +35,25 @@ struct LoadReport {
   size_t device_bytes = 0;  // weight bytes resident for this rank
 };
 
-// A backend's two host buffers of one kind, handed out in turn (see Run and ScratchBuffer).
-template <typename Buffer>
-class BufferPair {
+// N buffers of one kind, handed out in turn (see Run and ScratchBuffer).
+template <typename Buffer, int N>
+class BufferRing {
  public:
   Buffer& Next() {
-    next_ ^= 1;
+    next_ = (next_ + 1) % N;
     return b_[next_];
   }
   Buffer& operator[](int i) { return b_[i]; }
   int last() const { return next_; }  // the one Next returned last
 
  private:
-  Buffer b_[2];
-  int next_ = 1;
+  Buffer b_[N];
+  int next_ = N - 1;
 };
+
+// Host payloads a backend hands out in turn: the batch being answered, the one finishing and the
+// one launched behind it (Launch / Finish).
+inline constexpr int kHostPayloads = 3;
 
 class ComputeBackend {
  public:
@@ -64,32 +68,41 @@ class ComputeBackend {
   virtual bool has_bf16() const = 0;
 
   // Computes this rank's payload for ctl.rows rows of x (bf16 bits [rows, K], host memory) in the
-  // layout MakePayloadLayout(ctl.tasks, rows, S) gives. The result lives in a backend-owned buffer
-  // in `space` (kDevice only for backends with device memory): a device one is valid until the next
-  // Run; host ones are two used in turn, each valid until the second-next Run in host space, so
-  // that one batch's payload can be answered from while the next batch runs (no copy).
-  // `while_running` (may be empty) is the caller's work to overlap with the device's: Run calls it
-  // once, on the calling thread, after the batch stopped reading x and the InputRows buffer (the
-  // next batch's rows may be written there meanwhile) and before it waits for the device; a
-  // backend without a device calls it once the payload is computed. Not called when Run fails first.
-  virtual absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x,
-                                          MemorySpace space,
-                                          const std::function<void()>& while_running) = 0;
-  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space) {
-    return Run(ctl, x, space, nullptr);
+  // layout MakePayloadLayout(ctl.tasks, rows, S) gives, in two calls: Launch starts the batch (a
+  // device backend enqueues its step and returns; one without a device computes it), Finish waits
+  // for the oldest batch launched and returns its payload. At most two batches are launched and
+  // not finished: a second Launch (from the first's while_running) queues a batch behind the first
+  // on the device, so that the device goes on to it without waiting for the host.
+  // The result lives in a backend-owned buffer in `space` (kDevice only for backends with device
+  // memory): a device one is valid until the next Launch; host ones are kHostPayloads used in turn,
+  // each valid until kHostPayloads more batches were launched in host space, so that a finished
+  // batch's payload can be answered from while the next ones run (no copy).
+  // `while_running` (may be empty) is the caller's work to overlap with the device's: Finish calls
+  // it once, on the calling thread, after the batch stopped reading x and the InputRows buffer (the
+  // next batch's rows may be written there and that batch launched meanwhile) and before it waits
+  // for the device; a backend without a device calls it with the payload computed. Not called when
+  // the batch failed first. A failed Launch leaves nothing launched; after a failed Finish the
+  // backend may only be destroyed (the group fails).
+  virtual absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) = 0;
+  virtual absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) = 0;
+  // Launch, then Finish.
+  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space,
+                                  const std::function<void()>& while_running = nullptr) {
+    if (absl::Status s = Launch(ctl, x, space); !s.ok()) return s;
+    return Finish(while_running);
   }
-  // Where the next Run's x (bf16 [rows, K]) may be written so that Run, given this pointer, need not
-  // copy it again (the CUDA backend's pinned upload buffer); valid until the next Run or InputRows.
-  // During a Run (from its while_running) it never moves the buffers the Run uses: nullptr when the
-  // rows do not fit them. nullptr: no such buffer (Run copies or reads x where it is).
+  // Where the next Launch's x (bf16 [rows, K]) may be written so that Launch, given this pointer,
+  // need not copy it again (the CUDA backend's pinned upload buffer); valid until the next Launch
+  // or InputRows. While a batch is launched and not finished it never moves the buffers in use:
+  // nullptr when the rows do not fit them. nullptr: no such buffer (Launch copies or reads x).
   virtual uint16_t* InputRows(uint32_t rows) { (void)rows; return nullptr; }
-  // The last successful Run's stages (broadcast and gather left 0).
+  // The last successful Finish's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;
 
   // A backend-owned scratch buffer of `bytes` in `space` (rank 0's gather target; in host memory,
   // where a device gather is copied back: pinned on the GPU), and a copy from it to host memory. A
-  // device one is valid until the next call for kDevice; host ones, like Run's, are two used in
-  // turn, each valid until the second-next call for kHost.
+  // device one is valid until the next call for kDevice; host ones are two used in turn, each
+  // valid until the second-next call for kHost.
   virtual absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) = 0;
 };

@@ -2,6 +2,7 @@
 // GEMV of kernels/cpu, per-row reductions spread over the thread pool.
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -57,10 +58,12 @@ class CpuBackend : public ComputeBackend {
     return rep;
   }
 
-  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space,
-                                  const std::function<void()>& while_running) override {
+  // No device to overlap with: Launch computes the batch, Finish hands it over.
+  absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
     if (space != MemorySpace::kHost)
       return absl::InvalidArgumentError("cpu backend: payloads live in host memory");
+    if (launched_.size() >= 2)
+      return absl::FailedPreconditionError("cpu backend: a third batch launched before one finished");
     const ShardGeometry& g = w_.geo;
     const int rows = static_cast<int>(ctl.rows);
     const int64_t S = g.shard_rows, K = g.hidden;
@@ -139,12 +142,22 @@ class CpuBackend : public ComputeBackend {
         }
       }
     });
-    times_ = StageTimes{};
-    times_.gemv_us = MicrosBetween(t0, t1);
-    times_.epilogue_us = MicrosBetween(t1, std::chrono::steady_clock::now());
-    // No device to overlap with: the caller's work runs after the batch, as the contract allows.
+    Launched done;
+    done.payload = payload.data();
+    done.times.gemv_us = MicrosBetween(t0, t1);
+    done.times.epilogue_us = MicrosBetween(t1, std::chrono::steady_clock::now());
+    launched_.push_back(done);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) override {
+    if (launched_.empty()) return absl::FailedPreconditionError("cpu backend: Finish without a Launch");
+    const Launched done = launched_.front();
+    launched_.pop_front();
+    times_ = done.times;
+    // The caller's work runs after the batch, as the contract allows.
     if (while_running) while_running();
-    return static_cast<const void*>(payload.data());
+    return static_cast<const void*>(done.payload);
   }
 
   StageTimes stage_times() const override { return times_; }
@@ -168,7 +181,13 @@ class CpuBackend : public ComputeBackend {
   BackendOptions opts_;
   cpu::ThreadPool pool_;
   ShardWeights w_;
-  BufferPair<std::vector<uint8_t>> payloads_, scratches_;  // host results: two in turn
+  BufferRing<std::vector<uint8_t>, kHostPayloads> payloads_;  // host results in turn
+  BufferRing<std::vector<uint8_t>, 2> scratches_;
+  struct Launched {
+    const uint8_t* payload = nullptr;
+    StageTimes times;
+  };
+  std::deque<Launched> launched_;  // computed, not yet finished (at most two)
   std::vector<float> logits_, yg_;
   std::vector<uint16_t> xg_;
   StageTimes times_;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -77,8 +78,9 @@ class CudaBackend : public ComputeBackend {
     if (device_ >= 0) cudaSetDevice(device_);
     DropGraphs();
     if (cublas_) cublasDestroy(cublas_);
-    for (cudaEvent_t e : events_)
-      if (e) cudaEventDestroy(e);
+    for (auto& step_events : events_)
+      for (cudaEvent_t e : step_events)
+        if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -98,7 +100,8 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DH_CUBLAS_CHECK(cublasCreate(&cublas_));
     DH_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    for (cudaEvent_t& e : events_) DH_CUDA_CHECK(cudaEventCreate(&e));
+    for (auto& step_events : events_)
+      for (cudaEvent_t& e : step_events) DH_CUDA_CHECK(cudaEventCreate(&e));
     return absl::OkStatus();
   }
 
@@ -170,13 +173,18 @@ class CudaBackend : public ComputeBackend {
     return rep;
   }
 
-  absl::StatusOr<const void*> Run(const BatchControl& ctl, const uint16_t* x, MemorySpace space,
-                                  const std::function<void()>& while_running) override {
-    if (!loaded_) return absl::FailedPreconditionError("cuda backend: Run before Load");
+  absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
+    if (!loaded_) return absl::FailedPreconditionError("cuda backend: Launch before Load");
     DH_CUDA_CHECK(cudaSetDevice(device_));
     const int rows = static_cast<int>(ctl.rows);
     if (rows < 1 || rows > kMaxRowsLimit)
       return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
+    if (launched_.size() >= 2)
+      return absl::FailedPreconditionError("cuda backend: a third batch launched before one finished");
+    if (!launched_.empty() && rows > reserved_rows_)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda backend: a batch of ", rows, " rows launched behind another needs larger buffers (",
+          reserved_rows_, " rows reserved: --max-rows)"));
     const int64_t S = geo_.shard_rows, K = geo_.hidden;
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, rows, S);
     const size_t xbytes = static_cast<size_t>(rows) * K * 2;
@@ -185,6 +193,8 @@ class CudaBackend : public ComputeBackend {
 
     // No-ops after Load's ReserveWork unless a batch exceeds --max-rows (tests).
     DH_RETURN_IF_ERROR(ReserveWork(rows));
+    // The upload buffer is free once the steps in flight have read it (their H2D).
+    DH_RETURN_IF_ERROR(UploadsDone());
 
     // Group rows by head so each head's weights are read once; y rows follow that order. x may
     // already lie in the upload buffer (InputRows): then fp8-only batches are in place, and mixed
@@ -235,31 +245,41 @@ class CudaBackend : public ComputeBackend {
     step.stage_bytes = stage_bytes;
     step.desc_off = desc_off;
     step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
-    if (space == MemorySpace::kHost) {
-      hpayloads_.Next();  // the other host payload: the last one may still be being answered from
-      step.host_slot = hpayloads_.last();
-    }
-    bool graphed = false;
-    DH_RETURN_IF_ERROR(LaunchStep(step, desc, &graphed));
+    // The step's events and host payload: neither the step in flight's nor the one being answered
+    // from (kHostPayloads in turn).
+    hpayloads_.Next();
+    step.slot = hpayloads_.last();
+    Launched launched;
+    launched.slot = step.slot;
+    launched.space = space;
+    DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
+    launched_.push_back(launched);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) override {
+    if (launched_.empty()) return absl::FailedPreconditionError("cuda backend: Finish without a Launch");
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    const Launched step = launched_.front();
+    cudaEvent_t* ev = events_[step.slot];
     if (while_running) {
       // The upload buffer is free once the step's H2D is done (the GEMV reads its device copy):
-      // the caller may write the next batch's rows there while the GEMV and epilogue run.
-      DH_CUDA_CHECK(cudaEventSynchronize(events_[1]));
-      in_run_ = true;
+      // the caller may write the next batch's rows there, and launch it, while this one computes.
+      DH_CUDA_CHECK(cudaEventSynchronize(ev[1]));
       while_running();
-      in_run_ = false;
     }
-    // Synchronous at the end (the one wait of the batch): the staging buffers are reused by the
-    // next Run, and a collective on another stream may read the payload next (collective.h: device
-    // buffers must be complete before a collective call).
-    DH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    launched_.pop_front();
+    // The step's one wait: its last event (a step launched behind it may follow on the stream). A
+    // collective on another stream may read the payload next (collective.h: device buffers must be
+    // complete before a collective call).
+    DH_CUDA_CHECK(cudaEventSynchronize(ev[4]));
     float ms[4] = {};
     for (int i = 0; i < 4; ++i) {
-      if (cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]) != cudaSuccess) {
+      if (cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]) != cudaSuccess) {
         // Stage times are for the metrics only: a timing the driver refuses is not worth the batch.
         const cudaError_t e = cudaGetLastError();
         if (!timing_warned_)
-          Log(LogLevel::kWarn, "stage_timing_unavailable", "rank", rank_, "graph", graphed,
+          Log(LogLevel::kWarn, "stage_timing_unavailable", "rank", rank_, "graph", step.graphed,
               "error", std::string(cudaGetErrorString(e)));
         timing_warned_ = true;
         ms[i] = 0;
@@ -271,15 +291,16 @@ class CudaBackend : public ComputeBackend {
     times_.gemv_us = us(ms[1]);
     times_.epilogue_us = us(ms[2]);
     times_.d2h_us = us(ms[3]);
-    times_.graph = graphed;
-    return static_cast<const void*>(space == MemorySpace::kHost ? hpayloads_[step.host_slot].p
-                                                                 : payload_.p);
+    times_.graph = step.graphed;
+    return static_cast<const void*>(step.space == MemorySpace::kHost ? hpayloads_[step.slot].p
+                                                                      : payload_.p);
   }
 
   uint16_t* InputRows(uint32_t rows) override {
     if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
-    if (in_run_ && static_cast<int>(rows) > reserved_rows_) return nullptr;  // would move the Run's buffers
-    if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok()) {
+    if (!launched_.empty() && static_cast<int>(rows) > reserved_rows_) return nullptr;  // would move buffers in use
+    if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok() ||
+        !UploadsDone().ok()) {
       (void)cudaGetLastError();
       return nullptr;  // Run reports the failure
     }
@@ -317,8 +338,20 @@ class CudaBackend : public ComputeBackend {
     int rows = 0, n_fp8 = 0, n_bf16 = 0;
     size_t stage_bytes = 0, desc_off = 0;
     size_t d2h_bytes = 0;  // 0: the payload stays on the device
-    int host_slot = 0;     // which of hpayloads_ the D2H fills
+    int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
   };
+  // A step launched and not yet finished.
+  struct Launched {
+    int slot = 0;
+    MemorySpace space = MemorySpace::kHost;
+    bool graphed = false;
+  };
+
+  // Waits until every step in flight has read the upload buffer (its H2D done).
+  absl::Status UploadsDone() {
+    for (const Launched& l : launched_) DH_CUDA_CHECK(cudaEventSynchronize(events_[l.slot][1]));
+    return absl::OkStatus();
+  }
 
   // The step's stream work, launched one by one: H2D of the staging buffer, the GEMV(s), the
   // epilogue, the D2H of the payload, with the timing events between them (external records while
@@ -326,9 +359,9 @@ class CudaBackend : public ComputeBackend {
   // that flag).
   absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[0], stream_, record_flags_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][0], stream_, record_flags_));
     DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, s.stage_bytes, cudaMemcpyHostToDevice, stream_));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[1], stream_, record_flags_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][1], stream_, record_flags_));
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
@@ -345,19 +378,19 @@ class CudaBackend : public ComputeBackend {
                                          K, static_cast<const uint16_t*>(bf16_.p), S,
                                          y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[2], stream_, record_flags_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][2], stream_, record_flags_));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage_.p) + s.desc_off);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
                                       static_cast<uint8_t*>(payload_.p), escratch_.p,
                                       escratch_.bytes, stream_, desc));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[3], stream_, record_flags_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][3], stream_, record_flags_));
     if (s.d2h_bytes > 0) {
-      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.host_slot].p, payload_.p, s.d2h_bytes,
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, payload_.p, s.d2h_bytes,
                                     cudaMemcpyDeviceToHost, stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[4], stream_, record_flags_));
+    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][4], stream_, record_flags_));
     return absl::OkStatus();
   }
 
@@ -365,14 +398,15 @@ class CudaBackend : public ComputeBackend {
   // launches eagerly (graphs off, cuBLAS rows, a shape whose capture failed, the cache full).
   // Every value a step's kernels read that changes between steps of one shape (x, the row
   // descriptors) lies in dstage_, uploaded by the graph's own H2D node; the rest is fixed per shape:
-  // the row count, the epilogue's kernels (EpilogueLaunches), the bytes copied back and where to.
+  // the row count, the epilogue's kernels (EpilogueLaunches), the bytes copied back, and the slot
+  // (its events and the D2H's target).
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
     if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
     const uint64_t key = static_cast<uint64_t>(s.rows) |
                          static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
                          static_cast<uint64_t>(s.d2h_bytes) << 24 |
-                         static_cast<uint64_t>(s.host_slot) << 63;
+                         static_cast<uint64_t>(s.slot) << 62;
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc);
@@ -433,18 +467,17 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
-    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayloads_[0].p, hpayloads_[1].p,
-                            escratch_.p};
+    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
+                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
     DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
     DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
-    DH_CUDA_CHECK(hpayloads_[0].Reserve(payload_bytes));
-    DH_CUDA_CHECK(hpayloads_[1].Reserve(payload_bytes));
+    for (int i = 0; i < kHostPayloads; ++i) DH_CUDA_CHECK(hpayloads_[i].Reserve(payload_bytes));
     DH_CUDA_CHECK(escratch_.Reserve(
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
-    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, hpayloads_[0].p, hpayloads_[1].p,
-                           escratch_.p};
+    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
+                           hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
@@ -462,16 +495,18 @@ class CudaBackend : public ComputeBackend {
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
   DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
   PinnedMem stage_;
-  BufferPair<PinnedMem> hpayloads_, hscratches_;  // host results: two in turn (Run, ScratchBuffer)
+  BufferRing<PinnedMem, kHostPayloads> hpayloads_;  // host results in turn (Launch)
+  BufferRing<PinnedMem, 2> hscratches_;
   std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)
-  cudaEvent_t events_[5] = {};  // before H2D, after H2D, GEMV, epilogue, D2H
+  // Each slot's: before H2D, after H2D, GEMV, epilogue, D2H.
+  cudaEvent_t events_[kHostPayloads][5] = {};
+  std::deque<Launched> launched_;  // in launch order; at most two
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
-  // server sees few shapes (row counts x mode mixes, x 2 host payload buffers), and beyond
+  // server sees few shapes (row counts x mode mixes, x 3 slots), and beyond
   // kMaxGraphs steps run eagerly.
-  static constexpr size_t kMaxGraphs = 512;
+  static constexpr size_t kMaxGraphs = 768;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool timing_warned_ = false;
-  bool in_run_ = false;     // Run is in its while_running (InputRows must not reallocate)
   int reserved_rows_ = 0;   // the rows every work buffer holds (ReserveWork)
   unsigned record_flags_ = cudaEventRecordDefault;  // cudaEventRecordExternal while capturing
   StageTimes times_;

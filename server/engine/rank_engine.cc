@@ -82,26 +82,43 @@ absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeou
   return absl::OkStatus();
 }
 
+StageTimes RankEngine::BackendStages() const {
+  const StageTimes b = backend_->stage_times();
+  StageTimes t;
+  t.h2d_us = b.h2d_us;
+  t.gemv_us = b.gemv_us;
+  t.epilogue_us = b.epilogue_us;
+  t.d2h_us = b.d2h_us;
+  t.graph = b.graph;
+  return t;
+}
+
 absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
                                                          const uint16_t* x, void* recv,
-                                                         StageTimes* times,
-                                                         const std::function<void()>& while_running) {
-  // Alone, the payload is read on the host at once: the backend's one download serves.
-  const MemorySpace space = world() == 1 ? MemorySpace::kHost : space_;
-  // In a group, msg_ (where the next rows would go) is the broadcast buffer: no overlap there.
-  DH_ASSIGN_OR_RETURN(const void* payload,
-                      backend_->Run(ctl, x, space, world() == 1 ? while_running : nullptr));
-  const StageTimes b = backend_->stage_times();
-  times->h2d_us = b.h2d_us;
-  times->gemv_us = b.gemv_us;
-  times->epilogue_us = b.epilogue_us;
-  times->d2h_us = b.d2h_us;
-  times->graph = b.graph;
-  if (world() == 1) return payload;
+                                                         StageTimes* times) {
+  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
+  *times = BackendStages();
   const auto t0 = Clock::now();
-  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout().bytes(), recv, space, opts_.op_timeout));
+  DH_RETURN_IF_ERROR(comm_->Gather(payload, layout().bytes(), recv, space_, opts_.op_timeout));
   times->gather_us = MicrosSince(t0);
   return static_cast<const void*>(recv);
+}
+
+absl::Status RankEngine::LaunchAlone(const BatchControl& ctl, const uint16_t* x) {
+  PayloadLayout& layout = layouts_.Next();
+  layout = MakePayloadLayout(ctl.tasks, ctl.rows, geo_.shard_rows);
+  // Alone, the payload is read on the host at once: the backend's one download serves.
+  DH_RETURN_IF_ERROR(backend_->Launch(ctl, x, MemorySpace::kHost));
+  in_flight_.push_back(InFlight{&ctl, &layout});
+  return absl::OkStatus();
+}
+
+absl::Status RankEngine::LaunchNext(const BatchControl& ctl, const uint16_t* x) {
+  if (world() != 1 || in_flight_.size() != 1)
+    return absl::FailedPreconditionError("LaunchNext: only alone, from inside RunBatch");
+  if (ctl.rows == 0 || ctl.rows > static_cast<uint32_t>(opts_.max_rows))
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", ctl.rows, " rows"));
+  return LaunchAlone(ctl, x);
 }
 
 absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
@@ -109,32 +126,41 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   const uint32_t rows = ctl.rows;
   if (rows == 0 || rows > static_cast<uint32_t>(opts_.max_rows))
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows"));
+  Gathered g;
+  if (world() == 1) {  // nothing to broadcast or gather: straight to the backend
+    if (in_flight_.empty()) DH_RETURN_IF_ERROR(LaunchAlone(ctl, x));
+    const InFlight step = in_flight_.front();
+    if (step.ctl != &ctl) return absl::InternalError("RunBatch: not the batch launched next");
+    DH_ASSIGN_OR_RETURN(const void* payload, backend_->Finish(while_running));
+    in_flight_.pop_front();
+    g.stages = BackendStages();
+    g.data = static_cast<const uint8_t*>(payload);
+    g.per_rank_bytes = step.layout->bytes();
+    g.layout = step.layout;
+    return g;
+  }
+  // In a group, msg_ (where the next rows would go) is the broadcast buffer: no overlap there.
   uint16_t* mx = HiddenRowsFor(rows);
   if (mx != x) std::memcpy(mx, x, static_cast<size_t>(rows) * geo_.hidden * 2);
   StartMessage(BatchOp::kRun, rows, BatchMessageBytes(rows, geo_.hidden));
   std::memcpy(msg_.data() + sizeof(BatchHeader), ctl.tasks, rows * sizeof(RowTask));
-  Gathered g;
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(BroadcastMessage(opts_.op_timeout));
-  g.stages.broadcast_us = world() == 1 ? 0 : MicrosSince(t0);
+  g.stages.broadcast_us = MicrosSince(t0);
   layouts_.Next() = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
   const size_t total = layout().bytes() * world();
-  void* recv = nullptr;
-  uint32_t post_us = 0;
-  if (world() > 1) {
-    DH_ASSIGN_OR_RETURN(recv, backend_->ScratchBuffer(total, space_));
-    // The workers' payloads may land while rank 0 computes its own.
-    const auto t1 = Clock::now();
-    DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
-    post_us = MicrosSince(t1);
-  }
-  DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages, while_running));
+  DH_ASSIGN_OR_RETURN(void* recv, backend_->ScratchBuffer(total, space_));
+  // The workers' payloads may land while rank 0 computes its own.
+  const auto t1 = Clock::now();
+  DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
+  const uint32_t post_us = MicrosSince(t1);
+  DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
-  if (world() > 1 && space_ == MemorySpace::kDevice) {
-    const auto t1 = Clock::now();
+  if (space_ == MemorySpace::kDevice) {
+    const auto t2 = Clock::now();
     DH_ASSIGN_OR_RETURN(void* host, backend_->ScratchBuffer(total, MemorySpace::kHost));
     DH_RETURN_IF_ERROR(backend_->CopyToHost(host, out, total, space_));
-    g.stages.d2h_us += MicrosSince(t1);
+    g.stages.d2h_us += MicrosSince(t2);
     out = host;
   }
   g.data = static_cast<const uint8_t*>(out);
@@ -173,7 +199,7 @@ absl::Status RankEngine::RunWorker() {
     layouts_.Next() = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
     const auto* x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
     StageTimes unused;
-    DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused, nullptr).status());
+    DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused).status());
   }
 }
 

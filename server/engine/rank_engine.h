@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,12 +77,12 @@ class RankEngine {
 
   // Rank 0: run one batch across the group. x: bf16 [ctl.rows, K] (HiddenRowsFor's buffer or any
   // other). Returns every rank's payload back to back (world * per_rank_bytes), per
-  // MakePayloadLayout(ctl.tasks, rows, S), in host memory, valid until the second-next batch
-  // (payloads and layouts alternate between two buffers: one batch may be answered from while the
-  // next runs, with no copy).
+  // MakePayloadLayout(ctl.tasks, rows, S), in host memory, valid until the second-next RunBatch
+  // call begins (payloads and layouts take turns in several buffers: one batch may be answered
+  // from while the next runs, with no copy).
   // `while_running` (may be empty; alone only, at tp > 1 it is not called): the caller's work
-  // while the batch is on the device (ComputeBackend::Run), which may call HiddenRowsFor and write
-  // the next batch's rows there: the batch in flight no longer reads them.
+  // while the batch is on the device (ComputeBackend::Finish), which may call HiddenRowsFor, write
+  // the next batch's rows there (the batch in flight no longer reads them) and LaunchNext it.
   struct Gathered {
     const uint8_t* data = nullptr;
     size_t per_rank_bytes = 0;
@@ -90,6 +91,13 @@ class RankEngine {
   };
   absl::StatusOr<Gathered> RunBatch(const BatchControl& ctl, const uint16_t* x,
                                     const std::function<void()>& while_running = nullptr);
+  // Rank 0 alone (tp = 1), only from inside RunBatch's while_running: launches the next batch
+  // behind the one running, so that the device goes on to it without waiting for the host (x as
+  // for RunBatch; ctl must stay unchanged until its RunBatch). The next RunBatch must be that
+  // batch (the same ctl): it then only waits for it. A failure launches nothing (RunBatch may
+  // launch the batch again, or fail it).
+  absl::Status LaunchNext(const BatchControl& ctl, const uint16_t* x);
+  bool can_launch_next() const { return world() == 1; }
   absl::Status Heartbeat();
   absl::Status Shutdown();
 
@@ -103,10 +111,13 @@ class RankEngine {
   // Every rank: the step's message from rank 0 into msg_ (one broadcast of the agreed frame, a
   // second only for a message larger than it); `first_timeout` bounds the first.
   absl::Status BroadcastMessage(std::chrono::milliseconds first_timeout);
-  // This rank's payload of the batch in msg_, gathered to rank 0 (recv; nullptr elsewhere).
+  // In a group: this rank's payload of the batch in msg_, gathered to rank 0 (recv; nullptr
+  // elsewhere).
   absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
-                                               void* recv, StageTimes* times,
-                                               const std::function<void()>& while_running);
+                                               void* recv, StageTimes* times);
+  // Alone: launches the batch on the backend (its payload in host memory).
+  absl::Status LaunchAlone(const BatchControl& ctl, const uint16_t* x);
+  StageTimes BackendStages() const;  // the backend's last stage times
 
   std::unique_ptr<Collective> comm_;
   std::unique_ptr<ComputeBackend> backend_;
@@ -118,9 +129,15 @@ class RankEngine {
   size_t frame_bytes_ = kMinFrameBytes;  // the next broadcast's size, agreed the step before
   std::vector<uint8_t> msg_;         // the step's message (16-byte aligned: operator new)
   BatchControl ctl_;                 // workers: the received batch's tasks
-  // The batch's payload layout: two in turn, like the payloads they describe (RunBatch).
-  BufferPair<PayloadLayout> layouts_;
-  const PayloadLayout& layout() { return layouts_[layouts_.last()]; }  // the current batch's
+  // The batches' payload layouts, in turn like the payloads they describe (RunBatch).
+  BufferRing<PayloadLayout, kHostPayloads> layouts_;
+  const PayloadLayout& layout() { return layouts_[layouts_.last()]; }  // the last one made
+  // Alone: the batches launched and not yet finished, oldest first (at most two).
+  struct InFlight {
+    const BatchControl* ctl = nullptr;
+    const PayloadLayout* layout = nullptr;
+  };
+  std::deque<InFlight> in_flight_;
 };
 
 }  // namespace drafthead

@@ -9,19 +9,21 @@
 namespace drafthead {
 
 BatchLoop::BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
-                     std::function<void(const absl::Status&)> on_failure, bool take_ahead)
+                     std::function<void(const absl::Status&)> on_failure, bool take_ahead,
+                     bool launch_ahead)
     : engine_(engine),
       batcher_(batcher),
       metrics_(metrics),
       on_failure_(std::move(on_failure)),
-      take_ahead_(take_ahead) {}
+      take_ahead_(take_ahead),
+      launch_ahead_(take_ahead && launch_ahead && engine.can_launch_next()) {}
 
 void BatchLoop::Stop() { stopping_ = true; }
 
 bool BatchLoop::TryRunInline(BatchItem& item) {
   if (stopping_.load() || item.deadline <= Clock::now()) return false;  // the queue drains / drops it
   if (!engine_mu_.TryLock()) return false;
-  if (!open_) {
+  if (!open_ || ahead_taken_) {  // a batch taken ahead (maybe launched) goes first
     engine_mu_.Unlock();
     return false;
   }
@@ -93,11 +95,16 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch, const BatchControl
       engine_mu_.AssertHeld();  // called inside RunBatch, on this thread
       ahead->batch = batcher_.TakeReady();
       if (ahead->batch.empty()) return;
+      ahead_taken_ = true;
       BatchControl& other = &ctl == &ctl_[0] ? ctl_[1] : ctl_[0];
       ahead->ctl = &other;
       ahead->x = Prepare(ahead->batch, other);
-      if (metrics_) metrics_->CountBatchTakenAhead();
+      // Behind this batch on the device, so that it goes on without waiting for the host. A
+      // failed launch launches nothing: the batch's own RunBatch launches it (or reports why not).
+      const bool launched = launch_ahead_ && engine_.LaunchNext(other, ahead->x).ok();
+      if (metrics_) metrics_->CountBatchTakenAhead(launched);
       ++taken_ahead_;
+      if (launched) ++launched_ahead_;
     };
   }
   auto gathered = engine_.RunBatch(ctl, x, take_ahead);
@@ -184,6 +191,7 @@ absl::Status BatchLoop::Run() {
     absl::MutexLock l(&engine_mu_);
     // The batch holds the engine now: an inline run can no longer overtake it.
     batcher_.BatchStarted();
+    ahead_taken_ = false;
     if (!failed_.ok()) {  // an inline run failed the group (and closed the batcher)
       for (auto& it : batch) it.done(failed_, nullptr);
       return failed_;

@@ -11,7 +11,9 @@
 //
 // Ahead: while a batch is on the device (alone: tp = 1) and a full batch waits, Run takes it
 // (Batcher::TakeReady) and writes its rows into the backend's upload buffer, so the device waits
-// only for the next launch; that batch is in hand, so nothing runs inline ahead of it.
+// only for the next launch; with launch_ahead also launches it behind the running one
+// (RankEngine::LaunchNext), so the device goes on to it at once while the running batch is
+// answered. That batch is in hand, so nothing runs inline ahead of it.
 //
 // Threads: Run on one dedicated thread; Stop, FailInFlight and TryRunInline from any thread.
 #pragma once
@@ -35,8 +37,12 @@ namespace drafthead {
 class BatchLoop : public InlineRunner {
  public:
   // take_ahead false: no batch is taken while another runs (--take-ahead=false, for comparison).
+  // launch_ahead (with take_ahead, alone only): a batch taken ahead is also launched ahead
+  // (--launch-ahead; for a device backend: one without a device would compute it before the
+  // running batch is answered).
   BatchLoop(RankEngine& engine, Batcher& batcher, Metrics* metrics,
-            std::function<void(const absl::Status&)> on_failure, bool take_ahead = true);
+            std::function<void(const absl::Status&)> on_failure, bool take_ahead = true,
+            bool launch_ahead = false);
 
   // Serves until Stop (drains the queue, shuts the workers down: returns OK) or a group failure
   // (returns it).
@@ -49,6 +55,8 @@ class BatchLoop : public InlineRunner {
   bool TryRunInline(BatchItem& item) override;
   // Batches Run took and wrote while the one before them computed (tests, metrics).
   uint64_t batches_taken_ahead() const { return taken_ahead_.load(); }
+  // Of those, the ones launched behind the batch before them (launch_ahead).
+  uint64_t batches_launched_ahead() const { return launched_ahead_.load(); }
 
  private:
   // The next batch, taken and prepared (ctl filled, rows written at x) during the current one.
@@ -71,6 +79,7 @@ class BatchLoop : public InlineRunner {
   Metrics* metrics_;
   std::function<void(const absl::Status&)> on_failure_;
   const bool take_ahead_;
+  const bool launch_ahead_;
   std::atomic<bool> stopping_{false};
   absl::Mutex inflight_mu_;
   // The batch now running, until RunOne claims it back to complete it; FailInFlight may take its
@@ -81,7 +90,10 @@ class BatchLoop : public InlineRunner {
   absl::Status failed_ ABSL_GUARDED_BY(engine_mu_);
   // Two: the batch running and the one prepared ahead of it.
   BatchControl ctl_[2] ABSL_GUARDED_BY(engine_mu_);
-  std::atomic<uint64_t> taken_ahead_{0};
+  std::atomic<uint64_t> taken_ahead_{0}, launched_ahead_{0};
+  // A batch was taken ahead and the loop has not started it yet: no inline run goes before it
+  // (the engine may already have it launched).
+  bool ahead_taken_ ABSL_GUARDED_BY(engine_mu_) = false;
   std::vector<BatchItem> inline_batch_ ABSL_GUARDED_BY(engine_mu_);  // reused by TryRunInline
   std::unique_ptr<Completer> completer_;  // made by Run (its thread lives while Run serves)
 };

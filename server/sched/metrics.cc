@@ -99,9 +99,10 @@ void Metrics::RecordInference(bool ok, uint64_t arrived_ms, uint64_t total_ns, c
   c.output.ns += uint64_t{st->combine_us} * kNsPerUs;
 }
 
-void Metrics::CountBatchTakenAhead() {
+void Metrics::CountBatchTakenAhead(bool launched) {
   absl::MutexLock l(&mu_);
   ++ahead_batches_;
+  if (launched) ++launched_ahead_batches_;
 }
 
 InferenceStats Metrics::inference_stats() const {
@@ -199,6 +200,9 @@ std::string Metrics::Render() const {
   Header(&out, "drafthead_ahead_batches_total", "counter",
          "Batches taken and prepared while the batch before them was on the device (tp = 1).");
   absl::StrAppend(&out, "drafthead_ahead_batches_total ", ahead_batches_, "\n");
+  Header(&out, "drafthead_launched_ahead_batches_total", "counter",
+         "Of those, batches also launched behind the batch on the device (--launch-ahead).");
+  absl::StrAppend(&out, "drafthead_launched_ahead_batches_total ", launched_ahead_batches_, "\n");
   Header(&out, "drafthead_batch_rows", "histogram", "Rows per batch.");
   batch_rows_.Render("drafthead_batch_rows", "", &out);
   Header(&out, "drafthead_queue_seconds", "histogram", "Time a request waited in rank 0's queue.");

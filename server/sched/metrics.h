@@ -71,8 +71,9 @@ class Metrics {
   void RecordRequest(const std::string& mode, int grpc_code, uint32_t rows);
   // `requests`: how many requests the batch ran.
   void RecordBatch(uint32_t rows, uint32_t requests, double compute_seconds, const StageTimes& stages);
-  // A batch taken and prepared while the one before it was on the device (BatchLoop's ahead).
-  void CountBatchTakenAhead();
+  // A batch taken and prepared while the one before it was on the device (BatchLoop's ahead);
+  // `launched`: also launched behind it.
+  void CountBatchTakenAhead(bool launched);
   // One request's outcome for InferenceStats: `stages` only when ok. `arrived_ms`: system clock.
   void RecordInference(bool ok, uint64_t arrived_ms, uint64_t total_ns, const RequestStages* stages);
   InferenceStats inference_stats() const;
@@ -108,6 +109,7 @@ class Metrics {
   uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t graph_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ahead_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t launched_ahead_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t queue_rows_ ABSL_GUARDED_BY(mu_) = 0, queue_requests_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::pair<uint32_t, uint32_t>> caller_queues_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Histogram> caller_wait_s_ ABSL_GUARDED_BY(mu_);
