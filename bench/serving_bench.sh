@@ -8,6 +8,10 @@
 #     TOP_K k=8, unary and stream; p50 ratios and the server's stage breakdown (Timing). Each point
 #     alternates fake and drafthead PAIRS times (default 3) and compares the median p50s: on a
 #     shared 2-core host single p50s move by 20-50% from run to run.
+#   bench/serving_bench.sh ab SERVER_A SERVER_B [ROUNDS] [SECONDS_PER_POINT] [BUILD_DIR]
+#     Two drafthead-server builds (before / after a change) alternated ROUNDS times (default 3) on
+#     the same load: tp=1 CPU, K=64 over the full 129280-row vocabulary (the payload at its real
+#     size, the GEMV small), c=64 M=5 FULL_LOGITS bf16 and TOP_K k=8; rows/s a round and the medians.
 #   bench/serving_bench.sh [BUILD_DIR] [SECONDS_PER_POINT] [SOAK_SECONDS]
 #     Issue 4's figures: a tp=4 CPU group at the real shapes (synthetic weights), M=5 TOP_K k=8
 #     requests at concurrency 1, 8, 64, with batching on (default) and off
@@ -70,6 +74,50 @@ for line in sys.stdin:
 for who, case in dict.fromkeys(k[:2] for k in by):
     g, l = st.median(by[(who, case, 'off')]), st.median(by[(who, case, 'required')])
     print(f'| {who} | {case} | {g:.1f} | {l:.1f} | {l / g:.3f} |')"
+  exit 0
+fi
+if [ "${1:-}" = ab ]; then
+  a=$2; b=$3; rounds=${4:-3}; secs=${5:-3}; build=${6:-build}
+  cli=$build/client/drafthead-client
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  source bench/serving_lib.sh
+  echo "date: $(date -u '+%F %H:%M UTC'), host: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "| round | server | point | rows/s | p50 us | errors |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  : >"$tmp/rows.txt"
+  for ((r = 0; r < rounds; r++)); do
+    for which in A B; do
+      srv=$a; [ $which = B ] && srv=$b
+      serve "$srv" "$tmp/srv.log" --tp=1 --backend=cpu --comm=gloo --threads=1 --synthetic=1 --hidden-size=64
+      for pt in "c=64 M=5 FULL bf16|--mode=full --dtype=bf16" "c=64 M=5 TOP_K k=8|--mode=topk --k=8"; do
+        # shellcheck disable=SC2086
+        "$cli" load --target=127.0.0.1:$port -c 64 --rows=5 ${pt#*|} --warmup=1s --duration=${secs}s \
+          --json="$tmp/p.json" --quiet >/dev/null
+        python3 - "$tmp/p.json" "$r" "$which" "${pt%%|*}" "$tmp/rows.txt" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))['runs'][0]
+r, who, point, rows = sys.argv[2:6]
+print(f"| {r} | {who} | {point} | {run['rows_per_s']:.0f} | {run['latency_us']['p50']:.0f} | {run.get('errors', 0)} |")
+open(rows, 'a').write(f"{who}|{point}|{run['rows_per_s']}\n")
+PY
+      done
+      unserve
+    done
+  done
+  echo
+  echo "A = $a, B = $b"
+  python3 - "$tmp/rows.txt" <<'PY'
+import statistics as st, sys
+by = {}
+for line in open(sys.argv[1]):
+    who, point, rps = line.strip().split('|')
+    by.setdefault(point, {}).setdefault(who, []).append(float(rps))
+print("| point | A rows/s (median) | B rows/s (median) | B / A |")
+print("| --- | --- | --- | --- |")
+for point, d in by.items():
+    a, b = st.median(d['A']), st.median(d['B'])
+    print(f"| {point} | {a:.0f} | {b:.0f} | {b / a:.3f} |")
+PY
   exit 0
 fi
 if [ "${1:-}" = overhead ]; then

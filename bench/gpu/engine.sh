@@ -10,7 +10,7 @@
 #   ROUNDS=2 SECS=2 [FLAG=take-ahead|launch-ahead] bash bench/gpu/engine.sh
 #
 # Points: gRPC unary c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=64 TOP_K k=8 (one batch of 64 rows);
-# c=64 M=5 TOP_K (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX, c=64 M=5
+# c=64 M=5 TOP_K and FULL_LOGITS bf16 (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX, c=64 M=5
 # TOP_K (one lane of depth 64). Columns are
 # p50s in us (stages: the server's own, device events for h2d / gemv / epilogue / d2h). Then each
 # server's drafthead_graph_batches_total and drafthead_ahead_batches_total against its batches.
@@ -49,6 +49,7 @@ for ((r = 0; r < rounds; ++r)); do
   for spec in "grpc M=5 TOP_K|--rows=5 --mode=topk --k=8" "grpc M=1 ARGMAX|--rows=1 --mode=argmax" \
               "grpc M=64 TOP_K|--rows=64 --mode=topk --k=8" \
               "grpc c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --concurrency=64 --connections=4" \
+              "grpc c=64 M=5 FULL bf16|--rows=5 --mode=full --dtype=bf16 --concurrency=64 --connections=4" \
               "lane M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm" "lane M=1 ARGMAX|--rows=1 --mode=argmax --lane=shm" \
               "lane c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm --concurrency=64"; do
     label=${spec%%|*}
