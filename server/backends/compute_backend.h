@@ -35,7 +35,7 @@ struct LoadReport {
   size_t device_bytes = 0;  // weight bytes resident for this rank
 };
 
-// N buffers of one kind, handed out in turn (see Run and ScratchBuffer).
+// N buffers of one kind, handed out in turn (see Launch and ScratchBuffer).
 template <typename Buffer, int N>
 class BufferRing {
  public:
@@ -59,7 +59,7 @@ class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // Whether Run, ScratchBuffer and CopyToHost accept MemorySpace::kDevice.
+  // Whether Launch, ScratchBuffer and CopyToHost accept MemorySpace::kDevice.
   virtual bool has_device_memory() const = 0;
 
   // Takes ownership of the shard. Builds the twin when w.codes is empty; keeps the bf16 head
