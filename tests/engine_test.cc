@@ -350,6 +350,16 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
   }
 }
 
+// A batch of n fp8 rows of one mode, fp32 out, as the batch loop fills BatchControl (k: 4 for
+// TOP_K, 1 for ARGMAX / SAMPLE, 0 for full logits).
+BatchControl Control(uint32_t n, RowMode mode) {
+  BatchControl c;
+  c.rows = n;
+  const uint32_t k = mode == RowMode::kTopK ? 4u : mode == RowMode::kFullLogits ? 0u : 1u;
+  for (uint32_t i = 0; i < n; ++i) c.tasks[i] = RowTask{mode, RowHead::kFp8Twin, OutDType::kFp32, 0, k, 1.f, i, 0};
+  return c;
+}
+
 // ComputeBackend's two-call form (the CPU backend, the reference for the CUDA one): two batches
 // launched finish in launch order with the payloads they have alone, a third launch waits for a
 // finish, and a payload stays intact until kHostPayloads more batches were launched.
@@ -363,15 +373,8 @@ TEST(EngineTest, LaunchedBatchesFinishInOrderAndPayloadsTakeTurns) {
   sw.geo = ShardGeometry::Make(1, 0, k, rows, rows);
   sw.bf16 = w;
   ASSERT_TRUE(be->Load(std::move(sw)).ok());
-  auto control = [](uint32_t n, RowMode mode) {
-    BatchControl c;
-    c.rows = n;
-    for (uint32_t i = 0; i < n; ++i)
-      c.tasks[i] = RowTask{mode, RowHead::kFp8Twin, OutDType::kFp32, 0, mode == RowMode::kTopK ? 4u : 0u, 1.f, i, 0};
-    return c;
-  };
-  const BatchControl ctl[3] = {control(3, RowMode::kFullLogits), control(5, RowMode::kTopK),
-                               control(2, RowMode::kArgmax)};
+  const BatchControl ctl[3] = {Control(3, RowMode::kFullLogits), Control(5, RowMode::kTopK),
+                               Control(2, RowMode::kArgmax)};
   std::vector<uint16_t> x[3];
   std::vector<uint8_t> alone[3];
   for (int b = 0; b < 3; ++b) {
@@ -413,16 +416,7 @@ TEST(EngineTest, APayloadStaysIntactWhileTheNextBatchRuns) {
   for (int tp : {1, 2}) {
     auto g = StartGroup(w, rows, k, tp, rows, false, 64, {}, nullptr, /*start_loop=*/false);
     RankEngine& e = *g->engines[0];
-    auto control = [](uint32_t n, RowMode mode) {
-      BatchControl c;
-      c.rows = n;
-      for (uint32_t i = 0; i < n; ++i) {
-        c.tasks[i] = RowTask{mode, RowHead::kFp8Twin, OutDType::kFp32, 0, mode == RowMode::kTopK ? 4u : 0u,
-                             1.f, i, 0};
-      }
-      return c;
-    };
-    const BatchControl a = control(3, RowMode::kFullLogits), b = control(5, RowMode::kTopK);
+    const BatchControl a = Control(3, RowMode::kFullLogits), b = Control(5, RowMode::kTopK);
     const auto xa = ref::RandomBf16(3 * k, 31), xb = ref::RandomBf16(5 * k, 32);
     auto ga = e.RunBatch(a, xa.data());
     ASSERT_TRUE(ga.ok()) << ga.status();
