@@ -82,22 +82,11 @@ absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeou
   return absl::OkStatus();
 }
 
-StageTimes RankEngine::BackendStages() const {
-  const StageTimes b = backend_->stage_times();
-  StageTimes t;
-  t.h2d_us = b.h2d_us;
-  t.gemv_us = b.gemv_us;
-  t.epilogue_us = b.epilogue_us;
-  t.d2h_us = b.d2h_us;
-  t.graph = b.graph;
-  return t;
-}
-
 absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
                                                          const uint16_t* x, void* recv,
                                                          StageTimes* times) {
   DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
-  *times = BackendStages();
+  *times = backend_->stage_times();
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(comm_->Gather(payload, layout().bytes(), recv, space_, opts_.op_timeout));
   times->gather_us = MicrosSince(t0);
@@ -113,19 +102,23 @@ absl::Status RankEngine::LaunchAlone(const BatchControl& ctl, const uint16_t* x)
   return absl::OkStatus();
 }
 
+absl::Status RankEngine::CheckRows(uint32_t rows) const {
+  if (rows == 0 || rows > static_cast<uint32_t>(opts_.max_rows))
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows"));
+  return absl::OkStatus();
+}
+
 absl::Status RankEngine::LaunchNext(const BatchControl& ctl, const uint16_t* x) {
   if (world() != 1 || in_flight_.size() != 1)
     return absl::FailedPreconditionError("LaunchNext: only alone, from inside RunBatch");
-  if (ctl.rows == 0 || ctl.rows > static_cast<uint32_t>(opts_.max_rows))
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", ctl.rows, " rows"));
+  DH_RETURN_IF_ERROR(CheckRows(ctl.rows));
   return LaunchAlone(ctl, x);
 }
 
 absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
     const BatchControl& ctl, const uint16_t* x, const std::function<void()>& while_running) {
   const uint32_t rows = ctl.rows;
-  if (rows == 0 || rows > static_cast<uint32_t>(opts_.max_rows))
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows"));
+  DH_RETURN_IF_ERROR(CheckRows(rows));
   Gathered g;
   if (world() == 1) {  // nothing to broadcast or gather: straight to the backend
     if (in_flight_.empty()) DH_RETURN_IF_ERROR(LaunchAlone(ctl, x));
@@ -133,7 +126,7 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
     if (step.ctl != &ctl) return absl::InternalError("RunBatch: not the batch launched next");
     DH_ASSIGN_OR_RETURN(const void* payload, backend_->Finish(while_running));
     in_flight_.pop_front();
-    g.stages = BackendStages();
+    g.stages = backend_->stage_times();
     g.data = static_cast<const uint8_t*>(payload);
     g.per_rank_bytes = step.layout->bytes();
     g.layout = step.layout;
@@ -146,7 +139,7 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   std::memcpy(msg_.data() + sizeof(BatchHeader), ctl.tasks, rows * sizeof(RowTask));
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(BroadcastMessage(opts_.op_timeout));
-  g.stages.broadcast_us = MicrosSince(t0);
+  const uint32_t broadcast_us = MicrosSince(t0);
   layouts_.Next() = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
   const size_t total = layout().bytes() * world();
   DH_ASSIGN_OR_RETURN(void* recv, backend_->ScratchBuffer(total, space_));
@@ -155,6 +148,7 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
   const uint32_t post_us = MicrosSince(t1);
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
+  g.stages.broadcast_us = broadcast_us;
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (space_ == MemorySpace::kDevice) {
     const auto t2 = Clock::now();

@@ -112,12 +112,12 @@ class RankEngine {
   // second only for a message larger than it); `first_timeout` bounds the first.
   absl::Status BroadcastMessage(std::chrono::milliseconds first_timeout);
   // In a group: this rank's payload of the batch in msg_, gathered to rank 0 (recv; nullptr
-  // elsewhere).
+  // elsewhere); *times: the backend's stages and the gather.
   absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
                                                void* recv, StageTimes* times);
   // Alone: launches the batch on the backend (its payload in host memory).
   absl::Status LaunchAlone(const BatchControl& ctl, const uint16_t* x);
-  StageTimes BackendStages() const;  // the backend's last stage times
+  absl::Status CheckRows(uint32_t rows) const;  // 1..max_rows
 
   std::unique_ptr<Collective> comm_;
   std::unique_ptr<ComputeBackend> backend_;

@@ -23,7 +23,9 @@ void BatchLoop::Stop() { stopping_ = true; }
 bool BatchLoop::TryRunInline(BatchItem& item) {
   if (stopping_.load() || item.deadline <= Clock::now()) return false;  // the queue drains / drops it
   if (!engine_mu_.TryLock()) return false;
-  if (!open_ || ahead_taken_) {  // a batch taken ahead (maybe launched) goes first
+  // A batch in hand (taken, maybe launched ahead) goes first: Submit saw none, but the loop may
+  // have taken one since.
+  if (!open_ || batcher_.batch_in_hand()) {
     engine_mu_.Unlock();
     return false;
   }
@@ -95,7 +97,6 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch, const BatchControl
       engine_mu_.AssertHeld();  // called inside RunBatch, on this thread
       ahead->batch = batcher_.TakeReady();
       if (ahead->batch.empty()) return;
-      ahead_taken_ = true;
       BatchControl& other = &ctl == &ctl_[0] ? ctl_[1] : ctl_[0];
       ahead->ctl = &other;
       ahead->x = Prepare(ahead->batch, other);
@@ -191,7 +192,6 @@ absl::Status BatchLoop::Run() {
     absl::MutexLock l(&engine_mu_);
     // The batch holds the engine now: an inline run can no longer overtake it.
     batcher_.BatchStarted();
-    ahead_taken_ = false;
     if (!failed_.ok()) {  // an inline run failed the group (and closed the batcher)
       for (auto& it : batch) it.done(failed_, nullptr);
       return failed_;

@@ -91,9 +91,6 @@ class BatchLoop : public InlineRunner {
   // Two: the batch running and the one prepared ahead of it.
   BatchControl ctl_[2] ABSL_GUARDED_BY(engine_mu_);
   std::atomic<uint64_t> taken_ahead_{0}, launched_ahead_{0};
-  // A batch was taken ahead and the loop has not started it yet: no inline run goes before it
-  // (the engine may already have it launched).
-  bool ahead_taken_ ABSL_GUARDED_BY(engine_mu_) = false;
   std::vector<BatchItem> inline_batch_ ABSL_GUARDED_BY(engine_mu_);  // reused by TryRunInline
   std::unique_ptr<Completer> completer_;  // made by Run (its thread lives while Run serves)
 };

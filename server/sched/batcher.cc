@@ -202,6 +202,11 @@ void Batcher::BatchStarted() {
   in_hand_ = false;
 }
 
+bool Batcher::batch_in_hand() const {
+  absl::MutexLock l(&mu_);
+  return in_hand_;
+}
+
 bool Batcher::HasWorkOrClosed() const { return requests_ > 0 || !closed_.ok(); }
 
 bool Batcher::BatchFullOrClosed() const {

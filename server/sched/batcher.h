@@ -123,6 +123,9 @@ class Batcher {
   std::vector<BatchItem> TakeReady();
   // The batch Take returned now holds the engine (or was failed): inline runs may go again.
   void BatchStarted();
+  // Whether a batch Take or TakeReady returned has not started yet (an inline runner checks it
+  // again under its engine lock: Submit's check and the runner's lock are not one step).
+  bool batch_in_hand() const;
 
   // Fails everything queued with `reason`, and every later Submit.
   void Close(const absl::Status& reason);
