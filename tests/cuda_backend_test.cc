@@ -379,6 +379,81 @@ TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
   }
 }
 
+// A group's rows apart (RankEngine with NCCL): rank 0's backend holds a batch's rows in DeviceRows
+// once its step uploaded them (from Finish's while_running on), laid out by head; another rank's
+// backend given those bytes in its own DeviceRows (only the descriptors uploaded) computes the
+// same payload, bit for bit, in host and device space, graphs on and off, replayed. Two backends
+// stand for two ranks; cudaMemcpy for the broadcast. Device rows behind a batch in flight are
+// refused (its step reads that buffer).
+TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
+  const std::vector<std::vector<RowTask>> batches = {
+      {Task(RowMode::kTopK, RowHead::kFp8Twin, 8), Task(RowMode::kArgmax, RowHead::kFp8Twin),
+       Task(RowMode::kFullLogits, RowHead::kFp8Twin)},
+      {Task(RowMode::kTopK, RowHead::kBf16Exact, 8), Task(RowMode::kTopK, RowHead::kFp8Twin, 8),
+       Task(RowMode::kFullLogits, RowHead::kBf16Exact), Task(RowMode::kArgmax, RowHead::kFp8Twin),
+       Task(RowMode::kSample, RowHead::kFp8Twin, 1, OutDType::kFp32, 0.8f, 5)},
+  };
+  for (bool graphs : {true, false}) {
+    BackendOptions opt;
+    opt.device = 0;
+    opt.keep_bf16 = true;
+    opt.cuda_graphs = graphs;
+    auto root = MakeCudaBackend(opt, 0), worker = MakeCudaBackend(opt, 1);
+    ASSERT_TRUE(root.ok() && worker.ok()) << root.status() << worker.status();
+    for (auto* be : {&*root, &*worker}) {
+      ShardWeights w = host;
+      ASSERT_TRUE((*be)->Load(std::move(w)).ok());
+    }
+    for (int b = 0; b < 3; ++b) {  // the first batch again: its graphs replayed
+      const std::vector<RowTask>& tasks = batches[b % 2];
+      BatchControl ctl{};
+      ctl.rows = static_cast<uint32_t>(tasks.size());
+      for (size_t i = 0; i < tasks.size(); ++i) ctl.tasks[i] = tasks[i];
+      std::vector<uint16_t> x(tasks.size() * K);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(Gauss(40 + b, i));
+      const size_t bytes = MakePayloadLayout(ctl.tasks, ctl.rows, S).bytes();
+      // Rank 0: host rows in, the device copy read where the engine sends it from.
+      std::vector<uint16_t> on_device(x.size());
+      ASSERT_TRUE((*root)->Launch(ctl, x.data(), MemorySpace::kHost).ok());
+      cudaError_t read = cudaErrorInvalidValue;
+      auto want = (*root)->Finish([&] {
+        if (void* d = (*root)->DeviceRows(ctl.rows))
+          read = cudaMemcpy(on_device.data(), d, x.size() * 2, cudaMemcpyDeviceToHost);
+      });
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_EQ(read, cudaSuccess);
+      const auto* wp = static_cast<const uint8_t*>(*want);
+      const std::vector<uint8_t> payload(wp, wp + bytes);
+      std::vector<uint16_t> grouped;  // the documented layout: fp8-twin rows, then bf16-exact ones
+      for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
+        for (size_t i = 0; i < tasks.size(); ++i)
+          if (tasks[i].head == head) grouped.insert(grouped.end(), x.begin() + i * K, x.begin() + (i + 1) * K);
+      ASSERT_EQ(on_device, grouped) << "batch " << b;
+      // The other rank: the same bytes in its device buffer, as the broadcast leaves them.
+      for (MemorySpace space : {MemorySpace::kHost, MemorySpace::kDevice}) {
+        void* d = (*worker)->DeviceRows(ctl.rows);
+        ASSERT_NE(d, nullptr);
+        ASSERT_EQ(cudaMemcpy(d, on_device.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // a pageable copy may return before it lands
+        auto got = (*worker)->Run(ctl, static_cast<const uint16_t*>(d), space);
+        ASSERT_TRUE(got.ok()) << got.status();
+        std::vector<uint8_t> back(bytes);
+        ASSERT_TRUE((*worker)->CopyToHost(back.data(), *got, bytes, space).ok());
+        EXPECT_EQ(back, payload) << "batch " << b << (space == MemorySpace::kHost ? ", host" : ", device")
+                                 << " payload, graphs " << graphs;
+      }
+      void* d = (*worker)->DeviceRows(ctl.rows);
+      ASSERT_TRUE((*worker)->Launch(ctl, x.data(), MemorySpace::kHost).ok());
+      EXPECT_EQ((*worker)->Launch(ctl, static_cast<const uint16_t*>(d), MemorySpace::kHost).code(),
+                absl::StatusCode::kFailedPrecondition);
+      ASSERT_TRUE((*worker)->Finish(nullptr).ok());
+    }
+  }
+}
+
 // The engine's overlap (BatchLoop's ahead): while a batch is on the device, its while_running
 // writes the next batch's rows into the upload buffer. Every batch of a chain so written must
 // equal the same batch run alone: the rows are written only after the step's H2D read them (a

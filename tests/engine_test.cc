@@ -4,9 +4,11 @@
 // K = 64 and K = 256, every mode, mixed batches.
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <future>
 #include <thread>
 
+#include "common/status_macros.h"
 #include "kernels/numeric.h"
 #include "server/comm/inproc_collective.h"
 #include "server/sched/batcher.h"
@@ -42,6 +44,78 @@ struct Group {
 // Wraps rank 0's collective (tests that hold the engine at a known point); identity by default.
 using WrapCollective = std::function<std::unique_ptr<Collective>(std::unique_ptr<Collective>)>;
 
+// A device double for the engine's device paths without a GPU (a group in device memory: rows
+// apart, device gathers): the CPU backend behind ComputeBackend's device contract, its "device
+// memory" host memory. DeviceRows is laid out as the contract says (fp8-twin rows first, then
+// bf16-exact ones, each in batch order), so rows sent in another order than a backend reads them
+// give wrong answers here too.
+class HostAsDeviceBackend : public ComputeBackend {
+ public:
+  explicit HostAsDeviceBackend(std::unique_ptr<ComputeBackend> cpu) : cpu_(std::move(cpu)) {}
+  std::string name() const override { return "cpu-as-device"; }
+  bool has_device_memory() const override { return true; }
+  absl::StatusOr<LoadReport> Load(ShardWeights w) override {
+    k_ = static_cast<size_t>(w.geo.hidden);
+    shard_rows_ = w.geo.shard_rows;
+    return cpu_->Load(std::move(w));
+  }
+  bool has_bf16() const override { return cpu_->has_bf16(); }
+  void* DeviceRows(uint32_t rows) override {
+    if (drows_.size() < rows * k_) {
+      if (!launched_.empty()) return nullptr;  // would move a buffer in use
+      drows_.resize(rows * k_);
+    }
+    return drows_.data();
+  }
+  absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
+    const uint32_t rows = ctl.rows;
+    std::vector<uint32_t> at(rows);  // each row's place in the device layout
+    uint32_t n = 0;
+    for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
+      for (uint32_t i = 0; i < rows; ++i)
+        if (ctl.tasks[i].head == head) at[i] = n++;
+    in_.resize(rows * k_);
+    if (x == drows_.data()) {
+      if (!launched_.empty()) return absl::FailedPreconditionError("device rows behind a batch in flight");
+      for (uint32_t i = 0; i < rows; ++i)
+        std::copy_n(drows_.data() + at[i] * k_, k_, in_.data() + i * k_);
+    } else {
+      if (DeviceRows(rows) == nullptr) return absl::InvalidArgumentError("rows beyond the device buffer");
+      std::copy_n(x, rows * k_, in_.data());
+      for (uint32_t i = 0; i < rows; ++i) std::copy_n(x + i * k_, k_, drows_.data() + at[i] * k_);
+    }
+    DH_RETURN_IF_ERROR(cpu_->Launch(ctl, in_.data(), MemorySpace::kHost));
+    launched_.push_back({space, MakePayloadLayout(ctl.tasks, static_cast<int>(rows), shard_rows_).bytes()});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) override {
+    DH_ASSIGN_OR_RETURN(const void* p, cpu_->Finish(while_running));
+    const auto [space, bytes] = launched_.front();
+    launched_.pop_front();
+    if (space == MemorySpace::kHost) return p;
+    dpayload_.assign(static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + bytes);
+    return static_cast<const void*>(dpayload_.data());
+  }
+  StageTimes stage_times() const override { return cpu_->stage_times(); }
+  absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
+    if (space == MemorySpace::kHost) return cpu_->ScratchBuffer(bytes, space);
+    dscratch_.resize(bytes);
+    return static_cast<void*>(dscratch_.data());
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<ComputeBackend> cpu_;
+  size_t k_ = 0;
+  int64_t shard_rows_ = 0;
+  std::vector<uint16_t> drows_, in_;
+  std::vector<uint8_t> dpayload_, dscratch_;
+  std::deque<std::pair<MemorySpace, size_t>> launched_;
+};
+
 void StartLoop(Group& g) {
   g.loop_thread = std::thread([p = &g] { p->loop_status = p->loop->Run(); });
 }
@@ -50,7 +124,7 @@ void StartLoop(Group& g) {
 std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, int64_t k, int tp,
                                   int64_t vocab, bool keep_bf16, uint32_t max_rows = 64,
                                   BatcherOptions bopts = {}, const WrapCollective& wrap0 = nullptr,
-                                  bool start_loop = true) {
+                                  bool start_loop = true, bool device_doubles = false) {
   auto g = std::make_unique<Group>();
   auto shared = std::make_shared<InProcGroup>(tp);
   EngineOptions eo;
@@ -61,14 +135,15 @@ std::unique_ptr<Group> StartGroup(const std::vector<uint16_t>& w, int64_t rows, 
     BackendOptions bo;
     bo.threads = 1;
     bo.keep_bf16 = keep_bf16;
-    auto backend = MakeCpuBackend(bo);
+    std::unique_ptr<ComputeBackend> backend = MakeCpuBackend(bo);
+    if (device_doubles) backend = std::make_unique<HostAsDeviceBackend>(std::move(backend));
     ShardWeights sw;
     sw.geo = geo;
     sw.bf16.assign(static_cast<size_t>(geo.shard_rows) * k, 0);
     std::copy(w.begin() + geo.row_begin() * k, w.begin() + (geo.row_begin() + geo.rows_present()) * k,
               sw.bf16.begin());
     EXPECT_TRUE(backend->Load(std::move(sw)).ok());
-    std::unique_ptr<Collective> comm = std::make_unique<InProcCollective>(shared, r, tp);
+    std::unique_ptr<Collective> comm = std::make_unique<InProcCollective>(shared, r, tp, device_doubles);
     if (r == 0 && wrap0) comm = wrap0(std::move(comm));
     g->engines.push_back(std::make_unique<RankEngine>(std::move(comm), std::move(backend), geo, eo));
   }
@@ -139,6 +214,7 @@ struct Case {
   int64_t rows, k;
   int tp;
   int64_t vocab;
+  bool device = false;  // device doubles: in a group the rows travel apart (RankEngine)
 };
 
 class EngineTest : public ::testing::TestWithParam<Case> {};
@@ -146,7 +222,7 @@ class EngineTest : public ::testing::TestWithParam<Case> {};
 TEST_P(EngineTest, EveryModeMatchesTheReference) {
   const Case c = GetParam();
   const auto w = ref::RandomBf16(c.rows * c.k, 1000 + c.tp, 0.05);
-  auto g = StartGroup(w, c.rows, c.k, c.tp, c.vocab, /*keep_bf16=*/true);
+  auto g = StartGroup(w, c.rows, c.k, c.tp, c.vocab, /*keep_bf16=*/true, 64, {}, nullptr, true, c.device);
   for (int m : {1, 5, 17, 64}) {
     const auto x = ref::RandomBf16(static_cast<size_t>(m) * c.k, 7 * m + c.tp);
     const auto ref = ref::ReferenceLogits(w.data(), c.rows, c.k, c.tp, x.data(), m, c.vocab,
@@ -216,11 +292,13 @@ TEST_P(EngineTest, EveryModeMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, EngineTest,
                          ::testing::Values(Case{300, 64, 1, 300}, Case{300, 64, 2, 300},
                                            Case{300, 64, 3, 250}, Case{301, 256, 4, 301},
-                                           Case{256, 64, 4, 200}, Case{128, 256, 4, 33}),
+                                           Case{256, 64, 4, 200}, Case{128, 256, 4, 33},
+                                           Case{300, 64, 2, 300, true}, Case{301, 256, 4, 250, true}),
                          [](const auto& info) {
                            const Case& c = info.param;
                            return "rows" + std::to_string(c.rows) + "_k" + std::to_string(c.k) + "_tp" +
-                                  std::to_string(c.tp) + "_vocab" + std::to_string(c.vocab);
+                                  std::to_string(c.tp) + "_vocab" + std::to_string(c.vocab) +
+                                  (c.device ? "_device" : "");
                          });
 
 TEST(EngineTest, SampleDoesNotDependOnTpOrBatchMates) {
@@ -348,6 +426,96 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
               std::vector<int32_t>(a.resp.token_ids().begin(), a.resp.token_ids().end())) << m;
     EXPECT_EQ(b.resp.timing().batch_rows(), static_cast<uint32_t>(m));
   }
+}
+
+// Rank 0's collective, counting the device broadcasts (rows apart) and their bytes.
+class CountingCollective : public Collective {
+ public:
+  explicit CountingCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world() const override { return inner_->world(); }
+  std::string name() const override { return inner_->name(); }
+  bool AcceptsDeviceMemory() const override { return inner_->AcceptsDeviceMemory(); }
+  absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
+    if (space == MemorySpace::kDevice) {
+      ++device_broadcasts;
+      device_bytes += bytes;
+    }
+    return inner_->Broadcast(data, bytes, space, t);
+  }
+  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                      std::chrono::milliseconds t) override {
+    return inner_->Gather(send, bytes, recv, space, t);
+  }
+  std::atomic<int> device_broadcasts{0};
+  std::atomic<size_t> device_bytes{0};
+
+ private:
+  std::unique_ptr<Collective> inner_;
+};
+
+// A group in device memory (NCCL with CUDA backends; here their doubles) sends each batch's rows
+// apart, from rank 0's device buffer into the workers' (the rows never cross host memory): every
+// mode and both heads, in batches of changing size with a heartbeat between, answer bit for bit as
+// the same group with the rows in its message, and each batch's rows went in one device broadcast.
+TEST(EngineTest, RowsApartAnswerAsRowsInTheMessage) {
+  const int64_t rows = 300, k = 64;
+  const auto w = ref::RandomBf16(rows * k, 23, 0.05);
+  CountingCollective* counter = nullptr;
+  auto apart = StartGroup(w, rows, k, 3, rows, /*keep_bf16=*/true, 64, {},
+                          [&](std::unique_ptr<Collective> c) {
+                            auto wrapped = std::make_unique<CountingCollective>(std::move(c));
+                            counter = wrapped.get();
+                            return std::unique_ptr<Collective>(std::move(wrapped));
+                          },
+                          true, /*device_doubles=*/true);
+  auto plain = StartGroup(w, rows, k, 3, rows, /*keep_bf16=*/true);
+  ASSERT_NE(counter, nullptr);
+  int seed = 700;
+  size_t want_bytes = 0;
+  for (int m : {1, 7, 64, 2}) {
+    if (m == 2) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // a heartbeat
+    // Requests of every mode and both heads, submitted together so that they batch.
+    std::vector<v1::LogitsRequest> reqs;
+    for (int i = 0; i < 5; ++i) {
+      const int rows_i = std::max(1, m / (i + 1));
+      auto r = MakeRequest(ref::RandomBf16(rows_i * k, ++seed), rows_i, static_cast<v1::Mode>(i % 4));
+      r.set_top_k(5);
+      r.set_return_probs(true);
+      r.set_temperature(0.9f);
+      r.set_seed(i);
+      r.set_logits_dtype(v1::FP32);
+      if (i % 2 == 1) r.set_head(v1::BF16_EXACT);
+      reqs.push_back(r);
+    }
+    std::vector<Result> apart_answers;
+    for (auto* g : {apart.get(), plain.get()}) {
+      std::vector<std::future<Result>> futs;
+      for (const auto& r : reqs) futs.push_back(Submit(*g, r));
+      std::vector<Result> got;
+      for (auto& f : futs) got.push_back(f.get());
+      if (g == apart.get()) {
+        for (const Result& r : got) want_bytes += static_cast<size_t>(r.resp.rows()) * k * 2;
+        apart_answers.swap(got);
+        continue;
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        const Result& a = apart_answers[i];
+        ASSERT_TRUE(a.status.ok()) << a.status;
+        ASSERT_TRUE(got[i].status.ok()) << got[i].status;
+        EXPECT_EQ(a.resp.logits(), got[i].resp.logits()) << "m " << m << ", request " << i;
+        EXPECT_EQ(std::vector<int32_t>(a.resp.token_ids().begin(), a.resp.token_ids().end()),
+                  std::vector<int32_t>(got[i].resp.token_ids().begin(), got[i].resp.token_ids().end()))
+            << "m " << m << ", request " << i;
+        EXPECT_EQ(std::vector<float>(a.resp.values().begin(), a.resp.values().end()),
+                  std::vector<float>(got[i].resp.values().begin(), got[i].resp.values().end()));
+        EXPECT_EQ(std::vector<float>(a.resp.probs().begin(), a.resp.probs().end()),
+                  std::vector<float>(got[i].resp.probs().begin(), got[i].resp.probs().end()));
+      }
+    }
+  }
+  EXPECT_GT(counter->device_broadcasts.load(), 0);
+  EXPECT_EQ(counter->device_bytes.load(), want_bytes) << "every batch's rows, once, in device broadcasts";
 }
 
 // A batch of n fp8 rows of one mode, fp32 out, as the batch loop fills BatchControl (k: 4 for

@@ -96,6 +96,15 @@ class ComputeBackend {
   // or InputRows. While a batch is launched and not finished it never moves the buffers in use:
   // nullptr when the rows do not fit them. nullptr: no such buffer (Launch copies or reads x).
   virtual uint16_t* InputRows(uint32_t rows) { (void)rows; return nullptr; }
+  // Backends with device memory: the device buffer the step reads x from, as it lays rows out
+  // there (bf16 [rows, K]: fp8-twin rows first, then bf16-exact rows, each group in batch order).
+  // Two uses, so that a group's rows cross from GPU to GPU (RankEngine, rows apart): a Launch
+  // given this pointer as x reads the rows already there (nothing uploaded but the row
+  // descriptors; only with no batch launched: a step in flight reads the buffer); after a Launch
+  // of host rows, the buffer holds them, so laid out, from the time Finish calls while_running
+  // until the next Launch. Valid until the next Launch, InputRows or DeviceRows call; never moves
+  // buffers a batch in flight uses (nullptr then, and without a device).
+  virtual void* DeviceRows(uint32_t rows) { (void)rows; return nullptr; }
   // The last successful Finish's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;
 

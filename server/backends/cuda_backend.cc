@@ -3,8 +3,9 @@
 // --twin), optionally the bf16 shard (--keep-bf16), and work buffers sized at Load for
 // --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
 // batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
-// grouped by head + the per-row epilogue descriptors) and, for kHost, one download of the payload
-// per Run; one stream synchronization per Run. Events between the stages time them
+// grouped by head + the per-row epilogue descriptors; only the descriptors when a group's rows
+// arrived on the device: DeviceRows) and, for kHost, one download of the payload per Run; one
+// stream synchronization per Run. Events between the stages time them
 // (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
 // back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly).
 //
@@ -198,9 +199,14 @@ class CudaBackend : public ComputeBackend {
 
     // Group rows by head so each head's weights are read once; y rows follow that order. x may
     // already lie in the upload buffer (InputRows): then fp8-only batches are in place, and mixed
-    // ones are regrouped from a copy.
+    // ones are regrouped from a copy. Or on the device, grouped (DeviceRows): only the row
+    // descriptors go up.
     auto* sx = static_cast<uint16_t*>(stage_.p);
     auto* desc = reinterpret_cast<cuda::ReduceRow*>(static_cast<uint8_t*>(stage_.p) + desc_off);
+    const bool x_on_device = x == dstage_.p;
+    if (x_on_device && !launched_.empty())
+      return absl::FailedPreconditionError(
+          "cuda backend: rows on the device behind a batch in flight (its step reads that buffer)");
     bool all_fp8 = true;
     for (int i = 0; i < rows; ++i) all_fp8 = all_fp8 && ctl.tasks[i].head == RowHead::kFp8Twin;
     if (x == sx && !all_fp8) {
@@ -215,7 +221,8 @@ class CudaBackend : public ComputeBackend {
         if (t.head != head) continue;
         const int yr = n_fp8 + n_bf16;
         (pass == 0 ? n_fp8 : n_bf16)++;
-        if (x != sx) std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
+        if (x != sx && !x_on_device)
+          std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
         cuda::ReduceRow& d = desc[i];
         d = cuda::ReduceRow{};
         d.y_row = yr;
@@ -244,6 +251,7 @@ class CudaBackend : public ComputeBackend {
     step.n_bf16 = n_bf16;
     step.stage_bytes = stage_bytes;
     step.desc_off = desc_off;
+    step.upload_from = x_on_device ? desc_off : 0;
     step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
     // The step's events and host payload: neither the step in flight's nor the one being answered
     // from (kHostPayloads in turn).
@@ -296,6 +304,16 @@ class CudaBackend : public ComputeBackend {
                                                                       : payload_.p);
   }
 
+  void* DeviceRows(uint32_t rows) override {
+    if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
+    if (!launched_.empty()) return static_cast<int>(rows) <= reserved_rows_ ? dstage_.p : nullptr;
+    if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok()) {
+      (void)cudaGetLastError();
+      return nullptr;  // the caller reports it
+    }
+    return dstage_.p;
+  }
+
   uint16_t* InputRows(uint32_t rows) override {
     if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
     if (!launched_.empty() && static_cast<int>(rows) > reserved_rows_) return nullptr;  // would move buffers in use
@@ -337,6 +355,7 @@ class CudaBackend : public ComputeBackend {
   struct Step {
     int rows = 0, n_fp8 = 0, n_bf16 = 0;
     size_t stage_bytes = 0, desc_off = 0;
+    size_t upload_from = 0;  // desc_off when x is on the device already (DeviceRows)
     size_t d2h_bytes = 0;  // 0: the payload stays on the device
     int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
   };
@@ -360,7 +379,9 @@ class CudaBackend : public ComputeBackend {
   absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
     DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][0], stream_, record_flags_));
-    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, s.stage_bytes, cudaMemcpyHostToDevice, stream_));
+    DH_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dstage_.p) + s.upload_from,
+                                  static_cast<const uint8_t*>(stage_.p) + s.upload_from,
+                                  s.stage_bytes - s.upload_from, cudaMemcpyHostToDevice, stream_));
     DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][1], stream_, record_flags_));
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
@@ -397,15 +418,17 @@ class CudaBackend : public ComputeBackend {
   // Launches the step: replays the graph captured for its shape (capturing it the first time), or
   // launches eagerly (graphs off, cuBLAS rows, a shape whose capture failed, the cache full).
   // Every value a step's kernels read that changes between steps of one shape (x, the row
-  // descriptors) lies in dstage_, uploaded by the graph's own H2D node; the rest is fixed per shape:
-  // the row count, the epilogue's kernels (EpilogueLaunches), the bytes copied back, and the slot
-  // (its events and the D2H's target).
+  // descriptors) lies in dstage_, uploaded by the graph's own H2D node (x there already: from the
+  // descriptors on); the rest is fixed per shape: the row count, the epilogue's kernels
+  // (EpilogueLaunches), the bytes copied back (< 2^37), whether x is uploaded, and the slot (its
+  // events and the D2H's target).
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
     if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
     const uint64_t key = static_cast<uint64_t>(s.rows) |
                          static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
                          static_cast<uint64_t>(s.d2h_bytes) << 24 |
+                         static_cast<uint64_t>(s.upload_from != 0) << 61 |
                          static_cast<uint64_t>(s.slot) << 62;
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {

@@ -1,6 +1,8 @@
 // An in-process Collective for unit tests: `world` ranks as threads of one process, exchanging
 // through shared memory with a generation barrier. Honors timeouts (UNAVAILABLE, as every
-// Collective's group failure) so tests can exercise a rank that stops answering.
+// Collective's group failure) so tests can exercise a rank that stops answering. With
+// device_memory it also takes MemorySpace::kDevice buffers (for device doubles whose "device
+// memory" is host memory: the engine's device paths on machines without a GPU).
 #pragma once
 
 #include <cstring>
@@ -57,15 +59,17 @@ class InProcGroup {
 
 class InProcCollective : public Collective {
  public:
-  InProcCollective(std::shared_ptr<InProcGroup> g, int rank, int world)
-      : g_(std::move(g)), rank_(rank), world_(world) {}
+  InProcCollective(std::shared_ptr<InProcGroup> g, int rank, int world, bool device_memory = false)
+      : g_(std::move(g)), rank_(rank), world_(world), device_memory_(device_memory) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   std::string name() const override { return "inproc"; }
+  bool AcceptsDeviceMemory() const override { return device_memory_; }
 
   absl::Status Broadcast(void* data, size_t bytes, MemorySpace space,
                          std::chrono::milliseconds timeout) override {
-    if (space != MemorySpace::kHost) return absl::InvalidArgumentError("inproc: host memory only");
+    if (space != MemorySpace::kHost && !device_memory_)
+      return absl::InvalidArgumentError("inproc: host memory only");
     return g_->Exchange(rank_, data, bytes, timeout, [](auto& s) {
       for (size_t r = 1; r < s.size(); ++r) std::memcpy(s[r].first, s[0].first, s[0].second);
     });
@@ -73,7 +77,8 @@ class InProcCollective : public Collective {
 
   absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
                       std::chrono::milliseconds timeout) override {
-    if (space != MemorySpace::kHost) return absl::InvalidArgumentError("inproc: host memory only");
+    if (space != MemorySpace::kHost && !device_memory_)
+      return absl::InvalidArgumentError("inproc: host memory only");
     // Slot 0 carries rank 0's recv buffer; others their send buffers.
     if (rank_ == 0) {
       std::memcpy(recv, send, bytes);
@@ -91,6 +96,7 @@ class InProcCollective : public Collective {
  private:
   std::shared_ptr<InProcGroup> g_;
   int rank_, world_;
+  bool device_memory_;
 };
 
 }  // namespace drafthead::testing

@@ -25,6 +25,8 @@ RankEngine::RankEngine(std::unique_ptr<Collective> comm, std::unique_ptr<Compute
   // Device-resident payloads only when both sides can: NCCL moves them GPU to GPU.
   space_ = (comm_->AcceptsDeviceMemory() && backend_->has_device_memory()) ? MemorySpace::kDevice
                                                                             : MemorySpace::kHost;
+  // The same on every rank (one collective, one backend kind); the workers check rank 0's word.
+  rows_apart_ = world() > 1 && space_ == MemorySpace::kDevice;
   // Sized by the hard row cap, not --max-rows, so ranks agree on it whatever their flags.
   max_message_bytes_ = std::max(BatchMessageBytes(kMaxRowsLimit, geo_.hidden), kMinFrameBytes);
   msg_.resize(frame_bytes_);
@@ -39,8 +41,9 @@ absl::StatusOr<std::vector<RankReadyReport>> RankEngine::ExchangeReady(
 }
 
 uint16_t* RankEngine::HiddenRowsFor(uint32_t rows) {
-  // Alone, nothing is broadcast: the rows may go straight into the backend's upload buffer.
-  if (world() == 1)
+  // Alone, nothing is broadcast, and rows apart travel from the backend's device buffer: the rows
+  // may go straight into the backend's upload buffer.
+  if (world() == 1 || rows_apart_)
     if (uint16_t* in = backend_->InputRows(rows)) return in;
   // At least the frame too, so StartMessage never reallocates under the caller's rows.
   const size_t need = std::max(BatchMessageBytes(rows, geo_.hidden), frame_bytes_);
@@ -82,11 +85,35 @@ absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeou
   return absl::OkStatus();
 }
 
+absl::StatusOr<const uint16_t*> RankEngine::BroadcastRows(uint32_t rows) {
+  void* dx = backend_->DeviceRows(rows);
+  if (dx == nullptr)
+    return absl::InternalError(absl::StrCat("rank ", rank(), ": no device buffer for ", rows, " rows"));
+  DH_RETURN_IF_ERROR(comm_->Broadcast(dx, BatchRowsBytes(rows, geo_.hidden), MemorySpace::kDevice,
+                                      opts_.op_timeout));
+  return static_cast<const uint16_t*>(dx);
+}
+
 absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
                                                          const uint16_t* x, void* recv,
                                                          StageTimes* times) {
-  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
+  DH_RETURN_IF_ERROR(backend_->Launch(ctl, x, space_));
+  // Rows apart, rank 0: its rows go to the workers from the device once its step has uploaded
+  // them, while its own GEMV runs.
+  absl::Status sent;
+  uint32_t rows_us = 0;
+  std::function<void()> send_rows;
+  if (rows_apart_ && rank() == 0) {
+    send_rows = [&] {
+      const auto t0 = Clock::now();
+      sent = BroadcastRows(ctl.rows).status();
+      rows_us = MicrosSince(t0);
+    };
+  }
+  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Finish(send_rows));
+  DH_RETURN_IF_ERROR(sent);
   *times = backend_->stage_times();
+  times->broadcast_us = rows_us;
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(comm_->Gather(payload, layout().bytes(), recv, space_, opts_.op_timeout));
   times->gather_us = MicrosSince(t0);
@@ -133,9 +160,15 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
     return g;
   }
   // In a group, msg_ (where the next rows would go) is the broadcast buffer: no overlap there.
-  uint16_t* mx = HiddenRowsFor(rows);
-  if (mx != x) std::memcpy(mx, x, static_cast<size_t>(rows) * geo_.hidden * 2);
-  StartMessage(BatchOp::kRun, rows, BatchMessageBytes(rows, geo_.hidden));
+  // Rows apart, they stay where they are (the backend uploads them and sends them on).
+  const uint16_t* mx = x;
+  if (!rows_apart_) {
+    uint16_t* in_msg = HiddenRowsFor(rows);
+    if (in_msg != x) std::memcpy(in_msg, x, BatchRowsBytes(rows, geo_.hidden));
+    mx = in_msg;
+  }
+  StartMessage(BatchOp::kRun, rows, BatchMessageBytes(rows, geo_.hidden, rows_apart_));
+  header()->rows_apart = rows_apart_ ? 1 : 0;
   std::memcpy(msg_.data() + sizeof(BatchHeader), ctl.tasks, rows * sizeof(RowTask));
   const auto t0 = Clock::now();
   DH_RETURN_IF_ERROR(BroadcastMessage(opts_.op_timeout));
@@ -148,7 +181,8 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
   const uint32_t post_us = MicrosSince(t1);
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
-  g.stages.broadcast_us = broadcast_us;
+  g.stages.broadcast_us += broadcast_us;  // the message's and (rows apart) the rows'
+
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (space_ == MemorySpace::kDevice) {
     const auto t2 = Clock::now();
@@ -184,14 +218,24 @@ absl::Status RankEngine::RunWorker() {
     if (h.op == BatchOp::kShutdown) return absl::OkStatus();
     if (h.op == BatchOp::kHeartbeat) continue;
     if (h.op != BatchOp::kRun || h.rows == 0 || h.rows > kMaxRowsLimit ||
-        h.message_bytes != BatchMessageBytes(h.rows, geo_.hidden))
+        h.message_bytes != BatchMessageBytes(h.rows, geo_.hidden, h.rows_apart != 0))
       return absl::DataLossError(absl::StrCat("rank 0 sent an unknown op ", static_cast<int>(h.op),
                                               " or a batch of ", h.rows, " rows in ",
                                               h.message_bytes, " bytes"));
+    if ((h.rows_apart != 0) != rows_apart_)
+      return absl::DataLossError(absl::StrCat(
+          "rank 0 sends the hidden rows ", h.rows_apart ? "apart, in device memory" : "in its message",
+          "; rank ", rank(), " (", comm_->name(), ", ", backend_->name(), ") expects them ",
+          rows_apart_ ? "apart" : "in the message"));
     ctl_.rows = h.rows;
     std::memcpy(ctl_.tasks, msg_.data() + sizeof(BatchHeader), h.rows * sizeof(RowTask));
     layouts_.Next() = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
-    const auto* x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
+    const uint16_t* x = nullptr;
+    if (rows_apart_) {
+      DH_ASSIGN_OR_RETURN(x, BroadcastRows(h.rows));
+    } else {
+      x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
+    }
     StageTimes unused;
     DH_RETURN_IF_ERROR(ComputeAndGather(ctl_, x, nullptr, &unused).status());
   }

@@ -4,7 +4,11 @@
 //
 // Protocol per step: one Broadcast of the step's message from rank 0 (header, row tasks and bf16
 // hidden rows: server/group/wire_format.h; the workers compute straight from the received
-// buffer), then for kRun one Gather(payload) to rank 0. At tp = 1 nothing is sent. When idle, rank
+// buffer), then for kRun one Gather(payload) to rank 0. Rows apart (NCCL with device backends:
+// the rows never cross host memory between ranks): the message carries header and tasks only, and
+// the rows follow in a second broadcast from rank 0's device buffer, sent once its step has
+// uploaded them (while its GEMV runs), into each worker's (ComputeBackend::DeviceRows), where its
+// GEMV reads them. At tp = 1 nothing is sent. When idle, rank
 // 0 broadcasts kHeartbeat every kHeartbeatPeriod, so a worker that hears nothing for
 // WorkerIdleTimeout knows rank 0 is gone.
 //
@@ -115,6 +119,9 @@ class RankEngine {
   // elsewhere); *times: the backend's stages and the gather.
   absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
                                                void* recv, StageTimes* times);
+  // Rows apart, every rank: the batch's rows from rank 0's backend device buffer into the
+  // others' (rank 0 calls it once its step has uploaded them). Returns this rank's buffer.
+  absl::StatusOr<const uint16_t*> BroadcastRows(uint32_t rows);
   // Alone: launches the batch on the backend (its payload in host memory).
   absl::Status LaunchAlone(const BatchControl& ctl, const uint16_t* x);
   absl::Status CheckRows(uint32_t rows) const;  // 1..max_rows
@@ -125,6 +132,7 @@ class RankEngine {
   EngineOptions opts_;
   uint64_t seq_ = 0;
   MemorySpace space_ = MemorySpace::kHost;
+  bool rows_apart_ = false;          // a group in device memory: the rows travel GPU to GPU
   size_t max_message_bytes_ = 0;     // a batch of opts_.max_rows rows
   size_t frame_bytes_ = kMinFrameBytes;  // the next broadcast's size, agreed the step before
   std::vector<uint8_t> msg_;         // the step's message (16-byte aligned: operator new)

@@ -54,24 +54,33 @@ static_assert(std::is_trivially_copyable_v<BatchControl>);
 // size of the next step's broadcast (`next_frame_bytes`: the power of two that held this batch);
 // a message larger than the agreed frame sends its tail in a second broadcast (the step after a
 // jump in batch size, never in a steady state). Heartbeats keep the frame.
+// Rows apart (a group whose collective and backends work in device memory: NCCL): the message
+// ends after the tasks, and the hidden rows follow in a broadcast of their own, from rank 0's
+// device buffer into each worker's (ComputeBackend::DeviceRows), never through host memory.
 struct BatchHeader {
-  static constexpr uint32_t kMagic = 0x44484232;  // "DHB2"
+  static constexpr uint32_t kMagic = 0x44484233;  // "DHB3"
   uint32_t magic = kMagic;
   BatchOp op = BatchOp::kHeartbeat;
   uint64_t seq = 0;
   uint32_t rows = 0;
   uint32_t next_frame_bytes = 0;
   uint64_t message_bytes = 0;  // this whole message
+  uint32_t rows_apart = 0;     // 1: the hidden rows follow in a device broadcast (kRun only)
+  uint32_t reserved = 0;
 };
-static_assert(std::is_trivially_copyable_v<BatchHeader> && sizeof(BatchHeader) == 32);
+static_assert(std::is_trivially_copyable_v<BatchHeader> && sizeof(BatchHeader) == 40);
 
 inline constexpr size_t kMinFrameBytes = 256;  // a header and a few tasks
 
 inline size_t BatchHiddenOffset(uint32_t rows) {
   return (sizeof(BatchHeader) + rows * sizeof(RowTask) + 15) & ~size_t{15};
 }
-inline size_t BatchMessageBytes(uint32_t rows, int64_t hidden) {
-  return BatchHiddenOffset(rows) + static_cast<size_t>(rows) * hidden * 2;
+inline size_t BatchRowsBytes(uint32_t rows, int64_t hidden) {
+  return static_cast<size_t>(rows) * hidden * 2;
+}
+// The whole message: with the rows, or (rows apart) without them.
+inline size_t BatchMessageBytes(uint32_t rows, int64_t hidden, bool rows_apart = false) {
+  return BatchHiddenOffset(rows) + (rows_apart ? 0 : BatchRowsBytes(rows, hidden));
 }
 // The frame that holds a message of `bytes`: a power of two in [kMinFrameBytes, max_bytes], so
 // batches of similar size share one frame.
