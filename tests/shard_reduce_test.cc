@@ -138,6 +138,46 @@ TEST(ShardTopK, EmptyShard) {
   EXPECT_EQ(cpu::CombineSoftmax(pp, 2).sum_exp, 0.0);
 }
 
+// ShardTopK skips a block of 64 columns when none ranks before the worst kept: rows where late
+// columns must enter (ascending, a best value in the last full block and in the tail), where none
+// does (descending, all tied: ties never enter, the smaller id wins), and with NaN (ordered last)
+// and +-Inf anywhere, each against every column sorted by CandidateBefore.
+TEST(ShardTopK, SkippedBlocksHoldNothingThatRanksBefore) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::pair<std::string, std::vector<float>>> rows;
+  for (int64_t v : {63, 64, 65, 200, 1000, 4097}) {
+    std::vector<float> up(v), down(v), tied(v, 0.5f), late = GaussianRow(v, 11 * v, 1.0f);
+    for (int64_t j = 0; j < v; ++j) up[j] = static_cast<float>(j) * 0.25f, down[j] = -up[j];
+    rows.push_back({"ascending", up});
+    rows.push_back({"descending", down});
+    rows.push_back({"tied", tied});
+    late[v - 1] = 50.f;                       // the tail
+    if (v >= 128) late[(v / 64) * 64 - 1] = 40.f;  // the last full block
+    rows.push_back({"late best", late});
+    std::vector<float> odd = GaussianRow(v, 13 * v, 1.0f);
+    for (int64_t j = 5; j < v; j += 37) odd[j] = nan;
+    odd[v / 2] = kInf;
+    odd[v - 1] = -kInf;
+    if (v > 100) odd[99] = kInf;  // a tie at +Inf: the smaller id first
+    rows.push_back({"NaN and Inf", odd});
+    std::vector<float> all_nan(v, nan);
+    all_nan[v - 1] = -kInf;
+    rows.push_back({"NaN but the last", all_nan});
+  }
+  for (const auto& [what, row] : rows) {
+    const int64_t v = static_cast<int64_t>(row.size());
+    std::vector<Candidate> all(v);
+    for (int64_t j = 0; j < v; ++j) all[j] = Candidate{static_cast<int32_t>(7 + j), row[j], row[j]};
+    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) { return CandidateBefore(a, b); });
+    for (uint32_t k : {1u, 8u, 64u, 100u}) {
+      std::vector<Candidate> out(k);
+      cpu::ShardTopK(row.data(), v, 7, k, 1.0f, out.data(), nullptr);
+      for (uint32_t i = 0; i < k && i < v; ++i)
+        ASSERT_EQ(out[i].id, all[i].id) << what << " v=" << v << " k=" << k << " slot " << i;
+    }
+  }
+}
+
 TEST(ShardTopK, AnySplitEqualsFullRow) {
   for (int64_t v : {1, 3, 5, 33, 257, 1000}) {
     for (uint64_t seed = 0; seed < 4; ++seed) {

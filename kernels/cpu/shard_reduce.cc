@@ -21,15 +21,35 @@ void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, flo
                Candidate* out, SoftmaxPartial* part) {
   std::vector<Candidate> heap;
   heap.reserve(k);
-  for (int64_t j = 0; j < n_valid; ++j) {
-    const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
-    if (heap.size() < k) {
-      heap.push_back(c);
-      std::push_heap(heap.begin(), heap.end(), WorseFirst());
-    } else if (k > 0 && CandidateBefore(c, heap.front())) {  // k == 0: no heap to look at
-      std::pop_heap(heap.begin(), heap.end(), WorseFirst());
-      heap.back() = c;
-      std::push_heap(heap.begin(), heap.end(), WorseFirst());
+  int64_t j = 0;
+  for (; j < n_valid && heap.size() < k; ++j) {
+    heap.push_back(Candidate{static_cast<int32_t>(id_base + j), y[j], y[j]});
+    std::push_heap(heap.begin(), heap.end(), WorseFirst());
+  }
+  // The heap is full (or k == 0: nothing to keep). A later column enters only if it ranks before
+  // the worst kept, i.e. its value is greater (its id is larger than every kept one, so a tie never
+  // enters, and NaN, ordered last, never does): most blocks of a row hold no such column, and the
+  // check of a whole block is a branch-free compare the compiler vectorises (2.1 -> ~0.3 ns a
+  // column over 129280, docs/NOTES.md session 11).
+  constexpr int64_t kBlock = 64;
+  while (k > 0 && j < n_valid) {
+    const int64_t end = std::min(j + kBlock, n_valid);
+    if (end - j == kBlock) {
+      const float worst = OrderKey(heap.front().key);
+      int enters = 0;
+      for (int64_t i = 0; i < kBlock; ++i) enters |= y[j + i] > worst;
+      if (!enters) {
+        j = end;
+        continue;
+      }
+    }
+    for (; j < end; ++j) {
+      const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
+      if (CandidateBefore(c, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), WorseFirst());
+        heap.back() = c;
+        std::push_heap(heap.begin(), heap.end(), WorseFirst());
+      }
     }
   }
   std::sort(heap.begin(), heap.end(), [](const Candidate& a, const Candidate& b) {
