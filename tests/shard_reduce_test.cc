@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -136,6 +137,25 @@ TEST(ShardTopK, EmptyShard) {
   // A total over nothing but empty shards has no mass.
   const SoftmaxPartial* pp[] = {&p, &p};
   EXPECT_EQ(cpu::CombineSoftmax(pp, 2).sum_exp, 0.0);
+}
+
+// The vectorised bf16 conversion of a full-logits row equals FloatToBf16 value by value: rounding
+// ties both ways, NaN payloads of both signs, +-Inf, values rounding to Inf, subnormals, at every
+// position of rows around the vector widths.
+TEST(LogitsToBf16, EqualsFloatToBf16ValueByValue) {
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                           std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xffc12345u), kInf, -kInf,
+                           std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),  // ties: even down, odd up
+                           std::bit_cast<float>(0x7f7fffffu), 1e-40f, -1e-45f, 0.f, -0.f};
+  for (int64_t n : {1, 7, 15, 16, 17, 31, 33, 64, 100}) {
+    std::vector<float> row = GaussianRow(n, 3 * n, 2.0f);
+    for (size_t i = 0; i < row.size(); ++i)
+      if (i % 3 == 0) row[i] = special[(i / 3 + n) % std::size(special)];
+    std::vector<uint16_t> out(n + 1, 0xabcd);
+    cpu::LogitsToBf16(row.data(), n, out.data());
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(out[j], FloatToBf16(row[j])) << "n=" << n << " j=" << j;
+    EXPECT_EQ(out[n], 0xabcd) << "nothing written past the row";
+  }
 }
 
 // ShardTopK skips a block of 64 columns when none ranks before the worst kept: rows where late

@@ -17,6 +17,10 @@ struct WorseFirst {
 
 }  // namespace
 
+void LogitsToBf16(const float* y, int64_t n, uint16_t* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = FloatToBf16(y[j]);
+}
+
 void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, float temperature,
                Candidate* out, SoftmaxPartial* part) {
   std::vector<Candidate> heap;

@@ -118,8 +118,7 @@ class CpuBackend : public ComputeBackend {
           if (t.dtype == OutDType::kFp32) {
             std::memcpy(out, y, S * 4);
           } else {
-            uint16_t* o = reinterpret_cast<uint16_t*>(out);
-            for (int64_t j = 0; j < S; ++j) o[j] = FloatToBf16(y[j]);
+            cpu::LogitsToBf16(y, S, reinterpret_cast<uint16_t*>(out));
           }
           continue;
         }
