@@ -428,7 +428,8 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
   }
 }
 
-// Rank 0's collective, counting the device broadcasts (rows apart) and their bytes.
+// Rank 0's collective, counting the device broadcasts (rows apart) and their bytes, and holding
+// the engine to PostGather's contract (the next call must be that Gather).
 class CountingCollective : public Collective {
  public:
   explicit CountingCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
@@ -437,6 +438,7 @@ class CountingCollective : public Collective {
   std::string name() const override { return inner_->name(); }
   bool AcceptsDeviceMemory() const override { return inner_->AcceptsDeviceMemory(); }
   absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
+    EXPECT_FALSE(posted_) << "a broadcast between PostGather and its Gather";
     if (space == MemorySpace::kDevice) {
       ++device_broadcasts;
       device_bytes += bytes;
@@ -445,13 +447,19 @@ class CountingCollective : public Collective {
   }
   absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
                       std::chrono::milliseconds t) override {
+    posted_ = false;
     return inner_->Gather(send, bytes, recv, space, t);
+  }
+  absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
+    posted_ = true;
+    return inner_->PostGather(recv, bytes, space);
   }
   std::atomic<int> device_broadcasts{0};
   std::atomic<size_t> device_bytes{0};
 
  private:
   std::unique_ptr<Collective> inner_;
+  bool posted_ = false;  // rank 0's engine thread only
 };
 
 // A group in device memory (NCCL with CUDA backends; here their doubles) sends each batch's rows

@@ -176,13 +176,13 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
   layouts_.Next() = MakePayloadLayout(ctl.tasks, rows, geo_.shard_rows);
   const size_t total = layout().bytes() * world();
   DH_ASSIGN_OR_RETURN(void* recv, backend_->ScratchBuffer(total, space_));
-  // The workers' payloads may land while rank 0 computes its own.
+  // The workers' payloads may land while rank 0 computes its own. Not with rows apart: the rows'
+  // broadcast comes before the gather, and a posted gather must be the next call (collective.h).
   const auto t1 = Clock::now();
-  DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
+  if (!rows_apart_) DH_RETURN_IF_ERROR(comm_->PostGather(recv, layout().bytes(), space_));
   const uint32_t post_us = MicrosSince(t1);
   DH_ASSIGN_OR_RETURN(const void* out, ComputeAndGather(ctl, mx, recv, &g.stages));
   g.stages.broadcast_us += broadcast_us;  // the message's and (rows apart) the rows'
-
   g.stages.gather_us += post_us;  // posting the receives is part of the gather
   if (space_ == MemorySpace::kDevice) {
     const auto t2 = Clock::now();
