@@ -205,6 +205,27 @@ class Run {
   }
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Records an answer as a message (the lane's, the client library's) or its failure.
+  void RecordMessage(int64_t start_ns, int64_t done_ns, uint64_t seq, size_t caller,
+                     const absl::StatusOr<v1::LogitsResponse>& r) {
+    ScannedResponse sr;
+    if (!r.ok()) {
+      const std::string msg(r.status().message());
+      Record(start_ns, done_ns, seq, caller, static_cast<int>(r.status().code()), sr, &msg);
+      return;
+    }
+    const v1::Timing& t = r->timing();
+    sr.rows = r->rows();
+    sr.queue_us = t.queue_us();
+    sr.compute_us = t.compute_us();
+    sr.batch_rows = t.batch_rows();
+    const uint32_t stages[kTimingStages] = {t.validate_us(), t.broadcast_us(), t.h2d_us(),
+                                            t.gemv_us(), t.epilogue_us(), t.gather_us(),
+                                            t.d2h_us(), t.combine_us(), t.server_us()};
+    std::copy(stages, stages + kTimingStages, sr.stage_us);
+    Record(start_ns, done_ns, seq, caller, 0, sr, nullptr);
+  }
+
   // Records one answer (or failure) of a request sent at `start_ns` by caller `caller` (CallerStats).
   void Record(int64_t start_ns, int64_t done_ns, uint64_t seq, size_t caller, int code, const ScannedResponse& r,
               const std::string* message) {
@@ -299,6 +320,13 @@ class Run {
  private:
   void OpenLoop();
   absl::Status LaneLoop();
+  absl::Status BlockingLoop();
+  // The request pool as messages (the lane and the client library take LogitsRequests).
+  absl::StatusOr<std::vector<v1::LogitsRequest>> PoolMessages() const;
+  // Starts the measured clock of a loop that drives itself (LaneLoop, BlockingLoop).
+  void StartClock();
+  // Reports until the run stops and every call has returned (LaneLoop, BlockingLoop).
+  void WaitWhileRunning();
   void WaitForQuiet();
   void Report(int64_t now);
   void StallGuard(int64_t now);
@@ -564,12 +592,20 @@ absl::StatusOr<LoadResult> Run::Execute() {
   if (o_.duration <= absl::ZeroDuration()) return absl::InvalidArgumentError("--duration must be > 0");
   if (o_.max_inflight < 1) return absl::InvalidArgumentError("--max-inflight must be >= 1");
   closed_loop_ = o_.rps == 0;
-  if (o_.lane) {
-    if (!closed_loop_ || o_.stream || kserve())
-      return absl::InvalidArgumentError("--lane=shm drives a closed loop of native unary calls (no --rps, --stream, --protocol=kserve)");
-    callers_ = 1;  // one lane, whatever the concurrency: one caller to the server
-    caller_kind_ = "lane";
-    DH_RETURN_IF_ERROR(LaneLoop());
+  if (o_.lane || o_.blocking) {
+    if (!closed_loop_ || o_.stream || kserve() || (o_.lane && o_.blocking))
+      return absl::InvalidArgumentError(absl::StrCat(
+          o_.lane ? "--lane=shm" : "--client-api=blocking",
+          " drives a closed loop of native unary calls (no --rps, --stream, --protocol=kserve",
+          o_.lane && o_.blocking ? ", and not both" : "", ")"));
+    if (o_.lane) {
+      callers_ = 1;  // one lane, whatever the concurrency: one caller to the server
+      caller_kind_ = "lane";
+      DH_RETURN_IF_ERROR(LaneLoop());
+    } else {
+      callers_ = static_cast<size_t>(o_.concurrency);  // a connection each
+      DH_RETURN_IF_ERROR(BlockingLoop());
+    }
     return Merge();
   }
   // One channel per caller unless told: closed loop, each in-flight slot its own connection (unary)
@@ -667,18 +703,8 @@ absl::Status Run::LaneLoop() {
   co.retry.max_attempts = 1;
   DH_ASSIGN_OR_RETURN(std::unique_ptr<DraftHeadClient> client, DraftHeadClient::Connect(o_.target, co));
   DH_ASSIGN_OR_RETURN(std::shared_ptr<LaneClient> lane, client->Lane());
-  std::vector<v1::LogitsRequest> pool(pool_.size());
-  for (size_t i = 0; i < pool_.size(); ++i) {
-    std::vector<grpc::Slice> slices;
-    pool_[i].Dump(&slices).IgnoreError();
-    std::string bytes;
-    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    if (!pool[i].ParseFromString(bytes)) return absl::InvalidArgumentError("a request of the pool does not parse");
-  }
-  t0_ = NowNs();
-  last_report_ = t0_;
-  warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
-  if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
+  DH_ASSIGN_OR_RETURN(const std::vector<v1::LogitsRequest> pool, PoolMessages());
+  StartClock();
   const int threads_n = std::min(o_.concurrency, kLaneThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < threads_n; ++t) {
@@ -722,23 +748,7 @@ absl::Status Run::LaneLoop() {
         const InFlight f = inflight.front();
         inflight.pop_front();
         absl::StatusOr<v1::LogitsResponse> r = lane->Finish(f.call, absl::Now() + o_.timeout, /*copy_logits=*/false);
-        const int64_t done = NowNs();
-        ScannedResponse sr;
-        if (r.ok()) {
-          const v1::Timing& t = r->timing();
-          sr.rows = r->rows();
-          sr.queue_us = t.queue_us();
-          sr.compute_us = t.compute_us();
-          sr.batch_rows = t.batch_rows();
-          const uint32_t stages[kTimingStages] = {t.validate_us(), t.broadcast_us(), t.h2d_us(),
-                                                  t.gemv_us(), t.epilogue_us(), t.gather_us(),
-                                                  t.d2h_us(), t.combine_us(), t.server_us()};
-          std::copy(stages, stages + kTimingStages, sr.stage_us);
-          Record(f.start, done, f.seq, 0, 0, sr, nullptr);
-        } else {
-          const std::string msg(r.status().message());
-          Record(f.start, done, f.seq, 0, static_cast<int>(r.status().code()), sr, &msg);
-        }
+        RecordMessage(f.start, NowNs(), f.seq, 0, r);
         inflight_.fetch_sub(1, std::memory_order_acq_rel);
         if (deferred) {
           const auto [start, seq] = *deferred;
@@ -750,6 +760,67 @@ absl::Status Run::LaneLoop() {
       }
     });
   }
+  WaitWhileRunning();
+  for (std::thread& t : threads) t.join();
+  return absl::OkStatus();
+}
+
+// Blocking calls: `concurrency` threads, each with a client (one connection) of its own, calling
+// DraftHeadClient::Compute back to back; thread i is caller i.
+absl::Status Run::BlockingLoop() {
+  ClientOptions co = o_.client;
+  co.lane = LaneMode::kOff;
+  co.channels = 1;
+  co.retry.max_attempts = 1;  // every failure counts, as in the other loops
+  std::vector<std::unique_ptr<DraftHeadClient>> clients;
+  for (int i = 0; i < o_.concurrency; ++i) {
+    DH_ASSIGN_OR_RETURN(std::unique_ptr<DraftHeadClient> c, DraftHeadClient::Connect(o_.target, co));
+    // Connected before the clock starts: connection set-up is not the server's latency.
+    if (!c->channel(0)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)))
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", o_.target, " within 10 s"));
+    clients.push_back(std::move(c));
+  }
+  DH_ASSIGN_OR_RETURN(const std::vector<v1::LogitsRequest> pool, PoolMessages());
+  StartClock();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < o_.concurrency; ++i) {
+    threads.emplace_back([&, i] {
+      for (;;) {
+        const int64_t start = NowNs();
+        if (!ShouldIssue(start)) return;
+        inflight_.fetch_add(1, std::memory_order_acq_rel);
+        const uint64_t seq = NextSeq();
+        absl::StatusOr<v1::LogitsResponse> r = clients[i]->Compute(pool[seq % pool.size()], o_.timeout);
+        RecordMessage(start, NowNs(), seq, static_cast<size_t>(i), r);
+        inflight_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  WaitWhileRunning();
+  for (std::thread& t : threads) t.join();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::LogitsRequest>> Run::PoolMessages() const {
+  std::vector<v1::LogitsRequest> pool(pool_.size());
+  for (size_t i = 0; i < pool_.size(); ++i) {
+    std::vector<grpc::Slice> slices;
+    pool_[i].Dump(&slices).IgnoreError();
+    std::string bytes;
+    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    if (!pool[i].ParseFromString(bytes)) return absl::InvalidArgumentError("a request of the pool does not parse");
+  }
+  return pool;
+}
+
+void Run::StartClock() {
+  t0_ = NowNs();
+  last_report_ = t0_;
+  warm_end_ns_ = t0_ + absl::ToInt64Nanoseconds(o_.warmup);
+  if (o_.duration != absl::InfiniteDuration()) end_ns_ = warm_end_ns_ + absl::ToInt64Nanoseconds(o_.duration);
+}
+
+void Run::WaitWhileRunning() {
   while (!stop_.load(std::memory_order_relaxed)) {
     const int64_t now = NowNs();
     if (now >= end_ns_) stop_.store(true);
@@ -757,8 +828,6 @@ absl::Status Run::LaneLoop() {
     if (inflight_.load() == 0 && stop_.load()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  for (std::thread& t : threads) t.join();
-  return absl::OkStatus();
 }
 
 LoadResult Run::Merge() {

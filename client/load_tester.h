@@ -60,6 +60,11 @@ struct LoadOptions {
   // depth, each calling synchronously (closed loop, native protocol only).
   bool lane = false;
   int64_t lane_spin_ns = 200000;
+  // Unary calls through the C++ client library's blocking call (DraftHeadClient::Compute), each of
+  // `concurrency` threads with its own connection (closed loop, native protocol): what a C++
+  // caller waiting for its answer sees. The default drives gRPC's callback API, which on Debian's
+  // gRPC 1.51 hands every answer to a pool thread before the next call goes out.
+  bool blocking = false;
   int streams = 0;           // stream mode: number of streams (0: one per connection)
   int concurrency = 1;       // closed loop: requests in flight
   double rps = 0;            // > 0: open loop at this rate

@@ -86,6 +86,7 @@ ABSL_FLAG(std::string, csv, "", "load: one line per request to this file");
 ABSL_FLAG(std::string, html, "", "load: self-contained HTML report with plots");
 ABSL_FLAG(bool, quiet, false, "load: no text summary on stdout");
 ABSL_FLAG(std::string, lane, "off", "load: shm: a same-host lane (shared-memory rings, docs/lane.md; the server needs --lanes) instead of gRPC calls | off");
+ABSL_FLAG(std::string, client_api, "callback", "load: callback (gRPC's callback API, every answer handed to a pool thread) | blocking (the client library's blocking call on a thread per in-flight call: what a C++ caller that waits sees; closed loop, unary)");
 ABSL_FLAG(int64_t, lane_spin_us, 200, "load --lane=shm: a waiting call spins this long before sleeping on the doorbell");
 ABSL_FLAG(std::string, shared_memory, "", "load: hidden rows (and full logits) through a registered region: system | cuda (default: on the wire)");
 ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent before the run");
@@ -378,6 +379,10 @@ int RunLoadCommand() {
   lo.lane = lane == "shm";
   lo.lane_spin_ns = absl::GetFlag(FLAGS_lane_spin_us) * 1000;
   lo.client.lane = LaneMode::kOff;  // the gRPC runs stay gRPC; --lane=shm asks for the lane itself
+  const std::string client_api = absl::GetFlag(FLAGS_client_api);
+  if (client_api != "callback" && client_api != "blocking")
+    return Usage(absl::StrCat("--client-api=", client_api, ": want callback or blocking"));
+  lo.blocking = client_api == "blocking";
   lo.streams = absl::GetFlag(FLAGS_streams);
   lo.concurrency = absl::GetFlag(FLAGS_concurrency);
   lo.rps = absl::GetFlag(FLAGS_rps);
@@ -507,6 +512,7 @@ int RunLoadCommand() {
                    {"connections", lo.connections},
                    {"protocol", protocol},
                    {"lane", lane},
+                   {"client_api", client_api},
                    {"stream", lo.stream},
                    {"streams", lo.stream ? lo.streams : 0},  // 0: one per connection
                    {"rows", rows},
@@ -603,7 +609,7 @@ int main(int argc, char** argv) {
       "  logits  --target --hidden=F.safetensors --tensor=NAME [--rows=A:B] --mode=full|topk|argmax|sample\n"
       "          [--dtype=bf16|fp32] [--k=K] [--probs] [--temperature=T] [--seed=S] [--head=fp8|bf16] --out=F.safetensors\n"
       "  load    --target [-c N | --rps R [--arrival=constant|poisson]] [-z 10s | -n N] [--warmup=2s]\n"
-      "          [--connections=N] [--stream] [--protocol=kserve] [--lane=shm] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
+      "          [--connections=N] [--stream] [--protocol=kserve] [--lane=shm] [--client-api=blocking] [--rows=5] [--mode=...] [--sweep=1,2,4] [--json=F] [--csv=F] [--html=F]\n"
       "  TLS: --tls-ca --tls-cert --tls-key --tls-server-name");
   std::vector<std::string> storage;
   std::vector<char*> normalized = drafthead::NormalizeFlagNames(argc, argv, storage);

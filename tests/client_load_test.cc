@@ -153,6 +153,38 @@ TEST(LoadTester, OneCallerPerWorkerWithItsOwnFigures) {
   EXPECT_EQ(s->callers[0].ok + s->callers[0].errors + s->callers[1].ok + s->callers[1].errors, 60u);
 }
 
+// --client-api=blocking: the client library's blocking call on a thread (and a connection) per
+// in-flight call; the count, the callers (one each), failures by code and the server's figures
+// are counted as in the callback loop; open loop, streams and the lane are refused with it.
+TEST(LoadTester, BlockingCallsOneCallerEach) {
+  FakeServerProcess server({"--hidden-size=32", "--vocab-size=256", "--fail-first=3"});
+  ASSERT_NE(server.port(), 0);
+  LoadOptions o = Base(server);
+  o.blocking = true;
+  o.concurrency = 3;
+  o.requests = 150;
+  o.record_requests = true;
+  auto r = RunLoad(o, Pool(v1::TOP_K), kRows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->issued, 150u);
+  EXPECT_EQ(r->ok + r->errors, 150u);
+  EXPECT_EQ(r->errors_by_code[14], 3u) << "UNAVAILABLE, not retried: every failure counts";
+  EXPECT_EQ(r->rows, r->ok * kRows);
+  EXPECT_EQ(r->records.size(), 150u);
+  EXPECT_EQ(r->batch_rows.Percentile(0.5), static_cast<double>(kRows));
+  EXPECT_EQ(r->caller_kind, "channel");
+  ASSERT_EQ(r->callers.size(), 3u);
+  for (const CallerStats& c : r->callers) EXPECT_GT(c.ok, 0u) << "a thread that sent nothing";
+  for (auto bad : {&LoadOptions::stream, &LoadOptions::lane}) {
+    LoadOptions b = o;
+    b.*bad = true;
+    EXPECT_EQ(RunLoad(b, Pool(v1::TOP_K), kRows).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  LoadOptions open = o;
+  open.rps = 100;
+  EXPECT_EQ(RunLoad(open, Pool(v1::TOP_K), kRows).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LoadTester, DurationBoundAndWarmupNotMeasured) {
   FakeServerProcess server({"--hidden-size=32", "--vocab-size=256"});
   ASSERT_NE(server.port(), 0);

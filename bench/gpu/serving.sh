@@ -49,12 +49,16 @@ if want bench; then
 fi
 
 # Issue 22's c=1 bounds over the GEMV of the same point (us): unary / stream / ARGMAX / FULL bf16.
-declare -A bounds=([topk_unary]=150 [topk_stream]=100 [argmax]=130 [full]=350)
+# The unary points also with the client library's blocking call (--client-api=blocking: no hand-off
+# of the answer to a gRPC callback thread on the client side), bound as their callback twins.
+declare -A bounds=([topk_unary]=150 [topk_stream]=100 [argmax]=130 [full]=350 [topk_blocking]=150 [argmax_blocking]=130)
 c1_points=("topk_unary|c=1 M=5 TOP_K k=8 unary|--rows=5 --mode=topk --k=8"
+           "topk_blocking|c=1 M=5 TOP_K k=8 unary, blocking client|--rows=5 --mode=topk --k=8 --client-api=blocking"
            "topk_stream|c=1 M=5 TOP_K k=8 stream|--rows=5 --mode=topk --k=8 --stream"
            "argmax|c=1 M=1 ARGMAX unary|--rows=1 --mode=argmax"
+           "argmax_blocking|c=1 M=1 ARGMAX unary, blocking client|--rows=1 --mode=argmax --client-api=blocking"
            "full|c=1 M=5 FULL_LOGITS bf16 unary|--rows=5 --mode=full --dtype=bf16")
-# c1_run PREFIX: the four c=1 points against $POINT_TARGET / $port, each saved as $tmp/PREFIX.NAME.json.
+# c1_run PREFIX: the c=1 points against $POINT_TARGET / $port, each saved as $tmp/PREFIX.NAME.json.
 c1_run() {
   local spec name rest
   for spec in "${c1_points[@]}"; do
@@ -147,7 +151,7 @@ def run(path):
 print("| transport | point | GEMV | floor p50 (callback / sync server) | p50 | bound | p50 - floor | p99 | compute p50 | queue p50 |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for way in ('tcp', 'unix'):
-    for name in ('topk_unary', 'topk_stream', 'argmax', 'full'):
+    for name in ('topk_unary', 'topk_blocking', 'topk_stream', 'argmax', 'argmax_blocking', 'full'):
         r, f = run(f"{tmp}/{way}.{name}.json"), run(f"{tmp}/fake_{way}.{name}.json")
         if r is None:
             continue
