@@ -379,12 +379,12 @@ TEST(CudaBackend, RowsWrittenIntoTheUploadBufferGiveTheSameAnswer) {
   }
 }
 
-// A group's rows apart (RankEngine with NCCL): rank 0's backend holds a batch's rows in DeviceRows
-// once its step uploaded them (from Finish's while_running on), laid out by head; another rank's
-// backend given those bytes in its own DeviceRows (only the descriptors uploaded) computes the
-// same payload, bit for bit, in host and device space, graphs on and off, replayed. Two backends
-// stand for two ranks; cudaMemcpy for the broadcast. Device rows behind a batch in flight are
-// refused (its step reads that buffer).
+// A group's rows apart (RankEngine with NCCL): rank 0's backend uploads a batch's host rows into
+// its device buffer (UploadRows), laid out by head as DeviceRows says; another rank's backend given
+// those bytes in its own DeviceRows (only the descriptors uploaded) computes the payload the same
+// batch has from host rows, bit for bit, in host and device space, graphs on and off, replayed.
+// Two backends stand for two ranks; cudaMemcpy for the broadcast. Device rows are refused while a
+// batch is in flight (its step reads that buffer).
 TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
@@ -415,23 +415,21 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
       std::vector<uint16_t> x(tasks.size() * K);
       for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(Gauss(40 + b, i));
       const size_t bytes = MakePayloadLayout(ctl.tasks, ctl.rows, S).bytes();
-      // Rank 0: host rows in, the device copy read where the engine sends it from.
+      const std::vector<uint8_t> payload = RunPayload(**root, tasks, x, S);  // from host rows
+      // Rank 0: the rows uploaded where the engine sends them from, in the documented layout.
+      auto up = (*root)->UploadRows(ctl, x.data());
+      ASSERT_TRUE(up.ok()) << up.status();
       std::vector<uint16_t> on_device(x.size());
-      ASSERT_TRUE((*root)->Launch(ctl, x.data(), MemorySpace::kHost).ok());
-      cudaError_t read = cudaErrorInvalidValue;
-      auto want = (*root)->Finish([&] {
-        if (void* d = (*root)->DeviceRows(ctl.rows))
-          read = cudaMemcpy(on_device.data(), d, x.size() * 2, cudaMemcpyDeviceToHost);
-      });
-      ASSERT_TRUE(want.ok()) << want.status();
-      ASSERT_EQ(read, cudaSuccess);
-      const auto* wp = static_cast<const uint8_t*>(*want);
-      const std::vector<uint8_t> payload(wp, wp + bytes);
-      std::vector<uint16_t> grouped;  // the documented layout: fp8-twin rows, then bf16-exact ones
+      ASSERT_EQ(cudaMemcpy(on_device.data(), *up, x.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<uint16_t> grouped;  // fp8-twin rows, then bf16-exact ones
       for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
         for (size_t i = 0; i < tasks.size(); ++i)
           if (tasks[i].head == head) grouped.insert(grouped.end(), x.begin() + i * K, x.begin() + (i + 1) * K);
       ASSERT_EQ(on_device, grouped) << "batch " << b;
+      auto own = (*root)->Run(ctl, *up, MemorySpace::kHost);
+      ASSERT_TRUE(own.ok()) << own.status();
+      const auto* op = static_cast<const uint8_t*>(*own);
+      EXPECT_EQ(std::vector<uint8_t>(op, op + bytes), payload) << "batch " << b << ", rank 0 from its device rows";
       // The other rank: the same bytes in its device buffer, as the broadcast leaves them.
       for (MemorySpace space : {MemorySpace::kHost, MemorySpace::kDevice}) {
         void* d = (*worker)->DeviceRows(ctl.rows);
@@ -445,8 +443,10 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
         EXPECT_EQ(back, payload) << "batch " << b << (space == MemorySpace::kHost ? ", host" : ", device")
                                  << " payload, graphs " << graphs;
       }
-      void* d = (*worker)->DeviceRows(ctl.rows);
+      const void* d = (*worker)->DeviceRows(ctl.rows);
       ASSERT_TRUE((*worker)->Launch(ctl, x.data(), MemorySpace::kHost).ok());
+      EXPECT_EQ((*worker)->DeviceRows(ctl.rows), nullptr) << "a batch in flight reads it";
+      EXPECT_EQ((*worker)->UploadRows(ctl, x.data()).status().code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_EQ((*worker)->Launch(ctl, static_cast<const uint16_t*>(d), MemorySpace::kHost).code(),
                 absl::StatusCode::kFailedPrecondition);
       ASSERT_TRUE((*worker)->Finish(nullptr).ok());

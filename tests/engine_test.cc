@@ -61,28 +61,26 @@ class HostAsDeviceBackend : public ComputeBackend {
   }
   bool has_bf16() const override { return cpu_->has_bf16(); }
   void* DeviceRows(uint32_t rows) override {
-    if (drows_.size() < rows * k_) {
-      if (!launched_.empty()) return nullptr;  // would move a buffer in use
-      drows_.resize(rows * k_);
-    }
+    if (!launched_.empty()) return nullptr;  // a step in flight reads it
+    if (drows_.size() < rows * k_) drows_.resize(rows * k_);
     return drows_.data();
+  }
+  absl::StatusOr<const uint16_t*> UploadRows(const BatchControl& ctl, const uint16_t* x) override {
+    if (DeviceRows(ctl.rows) == nullptr) return absl::FailedPreconditionError("a batch in flight");
+    const std::vector<uint32_t> at = Places(ctl);
+    for (uint32_t i = 0; i < ctl.rows; ++i) std::copy_n(x + i * k_, k_, drows_.data() + at[i] * k_);
+    return static_cast<const uint16_t*>(drows_.data());
   }
   absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
     const uint32_t rows = ctl.rows;
-    std::vector<uint32_t> at(rows);  // each row's place in the device layout
-    uint32_t n = 0;
-    for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
-      for (uint32_t i = 0; i < rows; ++i)
-        if (ctl.tasks[i].head == head) at[i] = n++;
     in_.resize(rows * k_);
     if (x == drows_.data()) {
       if (!launched_.empty()) return absl::FailedPreconditionError("device rows behind a batch in flight");
+      const std::vector<uint32_t> at = Places(ctl);
       for (uint32_t i = 0; i < rows; ++i)
         std::copy_n(drows_.data() + at[i] * k_, k_, in_.data() + i * k_);
     } else {
-      if (DeviceRows(rows) == nullptr) return absl::InvalidArgumentError("rows beyond the device buffer");
       std::copy_n(x, rows * k_, in_.data());
-      for (uint32_t i = 0; i < rows; ++i) std::copy_n(x + i * k_, k_, drows_.data() + at[i] * k_);
     }
     DH_RETURN_IF_ERROR(cpu_->Launch(ctl, in_.data(), MemorySpace::kHost));
     launched_.push_back({space, MakePayloadLayout(ctl.tasks, static_cast<int>(rows), shard_rows_).bytes()});
@@ -108,6 +106,16 @@ class HostAsDeviceBackend : public ComputeBackend {
   }
 
  private:
+  // Each row's place in the device layout.
+  static std::vector<uint32_t> Places(const BatchControl& ctl) {
+    std::vector<uint32_t> at(ctl.rows);
+    uint32_t n = 0;
+    for (RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
+      for (uint32_t i = 0; i < ctl.rows; ++i)
+        if (ctl.tasks[i].head == head) at[i] = n++;
+    return at;
+  }
+
   std::unique_ptr<ComputeBackend> cpu_;
   size_t k_ = 0;
   int64_t shard_rows_ = 0;

@@ -97,14 +97,20 @@ class ComputeBackend {
   // nullptr when the rows do not fit them. nullptr: no such buffer (Launch copies or reads x).
   virtual uint16_t* InputRows(uint32_t rows) { (void)rows; return nullptr; }
   // Backends with device memory: the device buffer the step reads x from, as it lays rows out
-  // there (bf16 [rows, K]: fp8-twin rows first, then bf16-exact rows, each group in batch order).
-  // Two uses, so that a group's rows cross from GPU to GPU (RankEngine, rows apart): a Launch
-  // given this pointer as x reads the rows already there (nothing uploaded but the row
-  // descriptors; only with no batch launched: a step in flight reads the buffer); after a Launch
-  // of host rows, the buffer holds them, so laid out, from the time Finish calls while_running
-  // until the next Launch. Valid until the next Launch, InputRows or DeviceRows call; never moves
-  // buffers a batch in flight uses (nullptr then, and without a device).
+  // there (bf16 [rows, K]: fp8-twin rows first, then bf16-exact rows, each group in batch order),
+  // so that a group's rows cross from GPU to GPU (RankEngine, rows apart): rank 0 fills it from
+  // host rows with UploadRows, the others receive the same bytes into it, and a Launch given it as
+  // x reads the rows there (nothing uploaded but the row descriptors). Only with no batch launched
+  // (a step in flight reads it); nullptr then, and without a device. Valid until the next Launch,
+  // InputRows, DeviceRows or UploadRows call.
   virtual void* DeviceRows(uint32_t rows) { (void)rows; return nullptr; }
+  // Copies the batch's host rows x (bf16 [ctl.rows, K], in batch order) into DeviceRows' buffer,
+  // laid out as it says, and returns it once they are there (a collective on another stream may
+  // read them). Only with no batch launched. UNIMPLEMENTED without a device.
+  virtual absl::StatusOr<const uint16_t*> UploadRows(const BatchControl& ctl, const uint16_t* x) {
+    (void)ctl, (void)x;
+    return absl::UnimplementedError(name() + " backend: no device memory");
+  }
   // The last successful Finish's stages (broadcast and gather left 0).
   virtual StageTimes stage_times() const = 0;
 

@@ -197,22 +197,15 @@ class CudaBackend : public ComputeBackend {
     // The upload buffer is free once the steps in flight have read it (their H2D).
     DH_RETURN_IF_ERROR(UploadsDone());
 
-    // Group rows by head so each head's weights are read once; y rows follow that order. x may
-    // already lie in the upload buffer (InputRows): then fp8-only batches are in place, and mixed
-    // ones are regrouped from a copy. Or on the device, grouped (DeviceRows): only the row
+    // The rows grouped by head (each head's weights read once; y rows follow that order) in the
+    // upload buffer, or already on the device (DeviceRows, UploadRows): then only the row
     // descriptors go up.
-    auto* sx = static_cast<uint16_t*>(stage_.p);
-    auto* desc = reinterpret_cast<cuda::ReduceRow*>(static_cast<uint8_t*>(stage_.p) + desc_off);
     const bool x_on_device = x == dstage_.p;
     if (x_on_device && !launched_.empty())
       return absl::FailedPreconditionError(
           "cuda backend: rows on the device behind a batch in flight (its step reads that buffer)");
-    bool all_fp8 = true;
-    for (int i = 0; i < rows; ++i) all_fp8 = all_fp8 && ctl.tasks[i].head == RowHead::kFp8Twin;
-    if (x == sx && !all_fp8) {
-      regroup_.assign(x, x + static_cast<size_t>(rows) * K);
-      x = regroup_.data();
-    }
+    if (!x_on_device) GroupRowsIntoStage(ctl, x);
+    auto* desc = reinterpret_cast<cuda::ReduceRow*>(static_cast<uint8_t*>(stage_.p) + desc_off);
     int n_fp8 = 0, n_bf16 = 0;
     for (int pass = 0; pass < 2; ++pass) {
       const RowHead head = pass == 0 ? RowHead::kFp8Twin : RowHead::kBf16Exact;
@@ -221,8 +214,6 @@ class CudaBackend : public ComputeBackend {
         if (t.head != head) continue;
         const int yr = n_fp8 + n_bf16;
         (pass == 0 ? n_fp8 : n_bf16)++;
-        if (x != sx && !x_on_device)
-          std::memcpy(sx + static_cast<size_t>(yr) * K, x + static_cast<size_t>(i) * K, K * 2);
         cuda::ReduceRow& d = desc[i];
         d = cuda::ReduceRow{};
         d.y_row = yr;
@@ -305,13 +296,29 @@ class CudaBackend : public ComputeBackend {
   }
 
   void* DeviceRows(uint32_t rows) override {
-    if (!loaded_ || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit)) return nullptr;
-    if (!launched_.empty()) return static_cast<int>(rows) <= reserved_rows_ ? dstage_.p : nullptr;
+    if (!loaded_ || !launched_.empty() || rows < 1 || rows > static_cast<uint32_t>(kMaxRowsLimit))
+      return nullptr;
     if (cudaSetDevice(device_) != cudaSuccess || !ReserveWork(static_cast<int>(rows)).ok()) {
       (void)cudaGetLastError();
       return nullptr;  // the caller reports it
     }
     return dstage_.p;
+  }
+
+  absl::StatusOr<const uint16_t*> UploadRows(const BatchControl& ctl, const uint16_t* x) override {
+    if (!loaded_) return absl::FailedPreconditionError("cuda backend: UploadRows before Load");
+    if (!launched_.empty())
+      return absl::FailedPreconditionError("cuda backend: UploadRows while a batch is in flight");
+    const int rows = static_cast<int>(ctl.rows);
+    if (rows < 1 || rows > kMaxRowsLimit)
+      return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
+    DH_CUDA_CHECK(cudaSetDevice(device_));
+    DH_RETURN_IF_ERROR(ReserveWork(rows));
+    GroupRowsIntoStage(ctl, x);
+    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, static_cast<size_t>(rows) * geo_.hidden * 2,
+                                  cudaMemcpyHostToDevice, stream_));
+    DH_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a collective on its own stream reads them next
+    return static_cast<const uint16_t*>(dstage_.p);
   }
 
   uint16_t* InputRows(uint32_t rows) override {
@@ -365,6 +372,28 @@ class CudaBackend : public ComputeBackend {
     MemorySpace space = MemorySpace::kHost;
     bool graphed = false;
   };
+
+  // The batch's rows grouped by head into the upload buffer: fp8-twin rows first, then bf16-exact
+  // ones, each in batch order (the layout DeviceRows documents). x may already lie there
+  // (InputRows): fp8-only batches are then in place, mixed ones regrouped from a copy. Rows of an
+  // unknown head are left out (Launch refuses the batch).
+  void GroupRowsIntoStage(const BatchControl& ctl, const uint16_t* x) {
+    const int rows = static_cast<int>(ctl.rows);
+    const int64_t K = geo_.hidden;
+    auto* sx = static_cast<uint16_t*>(stage_.p);
+    bool all_fp8 = true;
+    for (int i = 0; i < rows; ++i) all_fp8 = all_fp8 && ctl.tasks[i].head == RowHead::kFp8Twin;
+    if (x == sx) {
+      if (all_fp8) return;
+      regroup_.assign(x, x + static_cast<size_t>(rows) * K);
+      x = regroup_.data();
+    }
+    int yr = 0;
+    for (const RowHead head : {RowHead::kFp8Twin, RowHead::kBf16Exact})
+      for (int i = 0; i < rows; ++i)
+        if (ctl.tasks[i].head == head)
+          std::memcpy(sx + static_cast<size_t>(yr++) * K, x + static_cast<size_t>(i) * K, K * 2);
+  }
 
   // Waits until every step in flight has read the upload buffer (its H2D done).
   absl::Status UploadsDone() {

@@ -85,33 +85,33 @@ absl::Status RankEngine::BroadcastMessage(std::chrono::milliseconds first_timeou
   return absl::OkStatus();
 }
 
-absl::StatusOr<const uint16_t*> RankEngine::BroadcastRows(uint32_t rows) {
-  void* dx = backend_->DeviceRows(rows);
-  if (dx == nullptr)
-    return absl::InternalError(absl::StrCat("rank ", rank(), ": no device buffer for ", rows, " rows"));
-  DH_RETURN_IF_ERROR(comm_->Broadcast(dx, BatchRowsBytes(rows, geo_.hidden), MemorySpace::kDevice,
-                                      opts_.op_timeout));
-  return static_cast<const uint16_t*>(dx);
+absl::StatusOr<const uint16_t*> RankEngine::BroadcastRows(const BatchControl& ctl, const uint16_t* x) {
+  const uint16_t* dx = nullptr;
+  if (rank() == 0) {
+    DH_ASSIGN_OR_RETURN(dx, backend_->UploadRows(ctl, x));
+  } else {
+    dx = static_cast<const uint16_t*>(backend_->DeviceRows(ctl.rows));
+    if (dx == nullptr)
+      return absl::InternalError(absl::StrCat("rank ", rank(), ": no device buffer for ", ctl.rows, " rows"));
+  }
+  // The root only reads its buffer.
+  DH_RETURN_IF_ERROR(comm_->Broadcast(const_cast<uint16_t*>(dx), BatchRowsBytes(ctl.rows, geo_.hidden),
+                                      MemorySpace::kDevice, opts_.op_timeout));
+  return dx;
 }
 
 absl::StatusOr<const void*> RankEngine::ComputeAndGather(const BatchControl& ctl,
                                                          const uint16_t* x, void* recv,
                                                          StageTimes* times) {
-  DH_RETURN_IF_ERROR(backend_->Launch(ctl, x, space_));
-  // Rows apart, rank 0: its rows go to the workers from the device once its step has uploaded
-  // them, while its own GEMV runs.
-  absl::Status sent;
+  // Rows apart, rank 0: the rows go to the device and from there to the workers before any GEMV
+  // (sent while its own GEMV ran, the broadcast's kernels could wait for the GEMV's SMs).
   uint32_t rows_us = 0;
-  std::function<void()> send_rows;
   if (rows_apart_ && rank() == 0) {
-    send_rows = [&] {
-      const auto t0 = Clock::now();
-      sent = BroadcastRows(ctl.rows).status();
-      rows_us = MicrosSince(t0);
-    };
+    const auto t0 = Clock::now();
+    DH_ASSIGN_OR_RETURN(x, BroadcastRows(ctl, x));
+    rows_us = MicrosSince(t0);
   }
-  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Finish(send_rows));
-  DH_RETURN_IF_ERROR(sent);
+  DH_ASSIGN_OR_RETURN(const void* payload, backend_->Run(ctl, x, space_));
   *times = backend_->stage_times();
   times->broadcast_us = rows_us;
   const auto t0 = Clock::now();
@@ -232,7 +232,7 @@ absl::Status RankEngine::RunWorker() {
     layouts_.Next() = MakePayloadLayout(ctl_.tasks, h.rows, geo_.shard_rows);
     const uint16_t* x = nullptr;
     if (rows_apart_) {
-      DH_ASSIGN_OR_RETURN(x, BroadcastRows(h.rows));
+      DH_ASSIGN_OR_RETURN(x, BroadcastRows(ctl_, nullptr));
     } else {
       x = reinterpret_cast<const uint16_t*>(msg_.data() + BatchHiddenOffset(h.rows));
     }

@@ -6,9 +6,8 @@
 // hidden rows: server/group/wire_format.h; the workers compute straight from the received
 // buffer), then for kRun one Gather(payload) to rank 0. Rows apart (NCCL with device backends:
 // the rows never cross host memory between ranks): the message carries header and tasks only, and
-// the rows follow in a second broadcast from rank 0's device buffer, sent once its step has
-// uploaded them (while its GEMV runs), into each worker's (ComputeBackend::DeviceRows), where its
-// GEMV reads them. At tp = 1 nothing is sent. When idle, rank
+// the rows follow in a second broadcast from rank 0's device buffer (ComputeBackend::UploadRows)
+// into each worker's (DeviceRows), where every rank's GEMV reads them. At tp = 1 nothing is sent. When idle, rank
 // 0 broadcasts kHeartbeat every kHeartbeatPeriod, so a worker that hears nothing for
 // WorkerIdleTimeout knows rank 0 is gone.
 //
@@ -119,9 +118,10 @@ class RankEngine {
   // elsewhere); *times: the backend's stages and the gather.
   absl::StatusOr<const void*> ComputeAndGather(const BatchControl& ctl, const uint16_t* x,
                                                void* recv, StageTimes* times);
-  // Rows apart, every rank: the batch's rows from rank 0's backend device buffer into the
-  // others' (rank 0 calls it once its step has uploaded them). Returns this rank's buffer.
-  absl::StatusOr<const uint16_t*> BroadcastRows(uint32_t rows);
+  // Rows apart, every rank: rank 0 uploads the batch's host rows x into its backend's device
+  // buffer (UploadRows) and sends them from there into the others' (DeviceRows; x unused there).
+  // Returns this rank's device copy, for its Launch.
+  absl::StatusOr<const uint16_t*> BroadcastRows(const BatchControl& ctl, const uint16_t* x);
   // Alone: launches the batch on the backend (its payload in host memory).
   absl::Status LaunchAlone(const BatchControl& ctl, const uint16_t* x);
   absl::Status CheckRows(uint32_t rows) const;  // 1..max_rows
