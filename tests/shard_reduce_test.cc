@@ -158,11 +158,11 @@ TEST(LogitsToBf16, EqualsFloatToBf16ValueByValue) {
   }
 }
 
-// ShardTopK skips a block of 64 columns when none ranks before the worst kept: rows where late
+// ShardTopK and ShardArgmax skip a block of 64 columns when none ranks before the worst kept: rows where late
 // columns must enter (ascending, a best value in the last full block and in the tail), where none
 // does (descending, all tied: ties never enter, the smaller id wins), and with NaN (ordered last)
 // and +-Inf anywhere, each against every column sorted by CandidateBefore.
-TEST(ShardTopK, SkippedBlocksHoldNothingThatRanksBefore) {
+TEST(ShardReduce, SkippedBlocksHoldNothingThatRanksBefore) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::pair<std::string, std::vector<float>>> rows;
   for (int64_t v : {63, 64, 65, 200, 1000, 4097}) {
@@ -195,6 +195,9 @@ TEST(ShardTopK, SkippedBlocksHoldNothingThatRanksBefore) {
       for (uint32_t i = 0; i < k && i < v; ++i)
         ASSERT_EQ(out[i].id, all[i].id) << what << " v=" << v << " k=" << k << " slot " << i;
     }
+    Candidate best{};
+    cpu::ShardArgmax(row.data(), v, 7, &best);
+    ASSERT_EQ(best.id, all[0].id) << what << " v=" << v << " argmax";
   }
 }
 

@@ -15,6 +15,29 @@ struct WorseFirst {
   bool operator()(const Candidate& a, const Candidate& b) const { return CandidateBefore(a, b); }
 };
 
+// Visits the columns [j, n) of y that may rank before the worst candidate kept so far, whose key
+// worst() returns (OrderKey of it; it may change at each visit). Every column here has a larger id
+// than the kept ones, so one enters only with a greater value (a tie never does, nor NaN, ordered
+// last): most blocks of a row hold none, and a whole block's check is a branch-free compare the
+// compiler vectorises (2.1 -> 0.24 ns a column over 129280, docs/NOTES.md session 11).
+template <typename Worst, typename Visit>
+void VisitEntering(const float* y, int64_t j, int64_t n, const Worst& worst, const Visit& visit) {
+  constexpr int64_t kBlock = 64;
+  while (j < n) {
+    const int64_t end = std::min(j + kBlock, n);
+    if (end - j == kBlock) {
+      const float w = worst();
+      int enters = 0;
+      for (int64_t i = 0; i < kBlock; ++i) enters |= y[j + i] > w;
+      if (!enters) {
+        j = end;
+        continue;
+      }
+    }
+    for (; j < end; ++j) visit(j);
+  }
+}
+
 }  // namespace
 
 void LogitsToBf16(const float* y, int64_t n, uint16_t* out) {
@@ -30,31 +53,16 @@ void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, flo
     heap.push_back(Candidate{static_cast<int32_t>(id_base + j), y[j], y[j]});
     std::push_heap(heap.begin(), heap.end(), WorseFirst());
   }
-  // The heap is full (or k == 0: nothing to keep). A later column enters only if it ranks before
-  // the worst kept, i.e. its value is greater (its id is larger than every kept one, so a tie never
-  // enters, and NaN, ordered last, never does): most blocks of a row hold no such column, and the
-  // check of a whole block is a branch-free compare the compiler vectorises (2.1 -> ~0.3 ns a
-  // column over 129280, docs/NOTES.md session 11).
-  constexpr int64_t kBlock = 64;
-  while (k > 0 && j < n_valid) {
-    const int64_t end = std::min(j + kBlock, n_valid);
-    if (end - j == kBlock) {
-      const float worst = OrderKey(heap.front().key);
-      int enters = 0;
-      for (int64_t i = 0; i < kBlock; ++i) enters |= y[j + i] > worst;
-      if (!enters) {
-        j = end;
-        continue;
-      }
-    }
-    for (; j < end; ++j) {
-      const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
+  // The heap is full (or k == 0: nothing to keep).
+  if (k > 0) {
+    VisitEntering(y, j, n_valid, [&] { return OrderKey(heap.front().key); }, [&](int64_t i) {
+      const Candidate c{static_cast<int32_t>(id_base + i), y[i], y[i]};
       if (CandidateBefore(c, heap.front())) {
         std::pop_heap(heap.begin(), heap.end(), WorseFirst());
         heap.back() = c;
         std::push_heap(heap.begin(), heap.end(), WorseFirst());
       }
-    }
+    });
   }
   std::sort(heap.begin(), heap.end(), [](const Candidate& a, const Candidate& b) {
     return CandidateBefore(a, b);
@@ -74,10 +82,11 @@ void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, flo
 
 void ShardArgmax(const float* y, int64_t n_valid, int32_t id_base, Candidate* out) {
   Candidate best{-1, kNegInf, 0.f};
-  for (int64_t j = 0; j < n_valid; ++j) {
+  if (n_valid > 0) best = Candidate{id_base, y[0], y[0]};
+  VisitEntering(y, 1, n_valid, [&] { return OrderKey(best.key); }, [&](int64_t j) {
     const Candidate c{static_cast<int32_t>(id_base + j), y[j], y[j]};
     if (CandidateBefore(c, best)) best = c;
-  }
+  });
   *out = best;
 }
 
