@@ -274,6 +274,25 @@ int32_t SampleAcrossShards(const std::vector<float>& row, int tp, float t, uint6
   return best.id;
 }
 
+// SPEC: u in (0, 1). Every one of the 2^24 bit patterns gives such a u, and noise within the
+// Gumbel range of that grid (no value rounds to 1.0, whose noise would read 88: seed 1, row 0,
+// token 8922528 did, making that token win whatever its logit).
+TEST(ShardSample, NoiseStaysInRangeForEveryUniform) {
+  float lo = 1e30f, hi = -1e30f;
+  for (uint32_t v = 0; v < (1u << 24); ++v) {
+    const float u = UniformFromBits24(v);
+    ASSERT_GT(u, 0.0f) << v;
+    ASSERT_LT(u, 1.0f) << v;
+    const float g = -DetLog(-DetLog(u));
+    lo = std::min(lo, g);
+    hi = std::max(hi, g);
+  }
+  EXPECT_GT(lo, -3.0f);
+  EXPECT_LT(hi, 17.0f);
+  EXPECT_LT(GumbelNoise(1, 0, 8922528), 17.0f);
+  EXPECT_LT(SampleKey(0.0f, 1.0f, 1, 0, 8922528), 17.0f);
+}
+
 TEST(ShardSample, DeterministicAndSplitIndependent) {
   for (int64_t v : {1, 6, 100, 1000}) {
     const auto row = GaussianRow(v, 900 + v, 2.0f);
