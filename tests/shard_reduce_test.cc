@@ -139,6 +139,47 @@ TEST(ShardTopK, EmptyShard) {
   EXPECT_EQ(cpu::CombineSoftmax(pp, 2).sum_exp, 0.0);
 }
 
+// The AVX-512 softmax partial against the portable one (libm's exp per column): the same max, bit
+// for bit, and the same sum within a float's rounding (the vector exp is within ~2 ulp of libm's
+// in double, and its 8 lanes are added in another order); NaN, +-Inf, a spread that underflows,
+// tails around the vector width, several temperatures.
+TEST(SoftmaxPartial, VectorisedEqualsPortable) {
+  if (!cpu::SoftmaxPartialVectorised()) GTEST_SKIP() << "no AVX-512F on this CPU";
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::pair<std::string, std::vector<float>>> rows;
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 31, 33, 100, 4097, 129280})
+    rows.push_back({"gaussian n=" + std::to_string(n), GaussianRow(n, 5 * n + 1, 3.0f)});
+  std::vector<float> spread(3000);
+  for (size_t i = 0; i < spread.size(); ++i) spread[i] = -static_cast<float>(i) * 0.5f;  // down to e^-1500
+  rows.push_back({"underflowing spread", spread});
+  std::vector<float> with_nan = GaussianRow(200, 9, 1.0f);
+  with_nan[123] = nan;
+  with_nan[176] = nan;  // the last full block of 16, its first lane: the max must skip NaN too
+  with_nan[190] = nan;
+  rows.push_back({"NaNs", with_nan});
+  std::vector<float> with_inf = GaussianRow(200, 10, 1.0f);
+  with_inf[5] = -kInf;
+  with_inf[77] = -kInf;
+  rows.push_back({"-Inf columns", with_inf});
+  std::vector<float> pos_inf = GaussianRow(40, 11, 1.0f);
+  pos_inf[20] = kInf;
+  rows.push_back({"+Inf max", pos_inf});
+  rows.push_back({"all -Inf", std::vector<float>(50, -kInf)});
+  for (const auto& [what, row] : rows) {
+    for (float t : {0.3f, 1.0f, 7.5f}) {
+      const int64_t n = static_cast<int64_t>(row.size());
+      const SoftmaxPartial want = cpu::SoftmaxPartialPortable(row.data(), n, t);
+      const SoftmaxPartial got = cpu::internal::SoftmaxPartialAvx512(row.data(), n, t);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got.max_scaled), std::bit_cast<uint32_t>(want.max_scaled)) << what << " T=" << t;
+      if (std::isnan(want.sum_exp)) {
+        EXPECT_TRUE(std::isnan(got.sum_exp)) << what << " T=" << t;
+      } else {
+        EXPECT_NEAR(got.sum_exp, want.sum_exp, 2.5e-7 * want.sum_exp) << what << " T=" << t;
+      }
+    }
+  }
+}
+
 // The vectorised bf16 conversion of a full-logits row equals FloatToBf16 value by value: rounding
 // ties both ways, NaN payloads of both signs, +-Inf, values rounding to Inf, subnormals, at every
 // position of rows around the vector widths.

@@ -68,16 +68,33 @@ void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, flo
     return CandidateBefore(a, b);
   });
   for (uint32_t i = 0; i < k; ++i) out[i] = i < heap.size() ? heap[i] : Candidate{-1, kNegInf, 0.f};
-  if (part != nullptr) {
-    float mx = kNegInf;
-    for (int64_t j = 0; j < n_valid; ++j) mx = std::max(mx, y[j] / temperature);
-    double sum = 0.0;
-    if (n_valid > 0 && std::isfinite(mx)) {
-      for (int64_t j = 0; j < n_valid; ++j) sum += std::exp(static_cast<double>(y[j] / temperature) - mx);
-    }
-    part->max_scaled = mx;
-    part->sum_exp = static_cast<float>(sum);
+  if (part != nullptr) *part = SoftmaxPartialOf(y, n_valid, temperature);
+}
+
+SoftmaxPartial SoftmaxPartialPortable(const float* y, int64_t n, float temperature) {
+  float mx = kNegInf;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, y[j] / temperature);
+  double sum = 0.0;
+  if (n > 0 && std::isfinite(mx)) {
+    for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(y[j] / temperature) - mx);
   }
+  return SoftmaxPartial{mx, static_cast<float>(sum)};
+}
+
+bool SoftmaxPartialVectorised() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+SoftmaxPartial SoftmaxPartialOf(const float* y, int64_t n, float temperature) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (SoftmaxPartialVectorised()) return internal::SoftmaxPartialAvx512(y, n, temperature);
+#endif
+  return SoftmaxPartialPortable(y, n, temperature);
 }
 
 void ShardArgmax(const float* y, int64_t n_valid, int32_t id_base, Candidate* out) {

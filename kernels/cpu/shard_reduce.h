@@ -15,8 +15,21 @@ namespace drafthead::cpu {
 // Here, in the kernels' -O3 library, the loop vectorises (0.78 -> 0.34 ns a value on SSE2).
 void LogitsToBf16(const float* y, int64_t n, uint16_t* out);
 
+// The max and the sum of exp over y / temperature of a row's n valid columns (sum 0 when the max
+// is not finite, NaN when a column is): libm's exp in double per column (the reference), or 8 at
+// a time with AVX-512F where the CPU has it (SoftmaxPartialOf picks).
+SoftmaxPartial SoftmaxPartialPortable(const float* y, int64_t n, float temperature);
+SoftmaxPartial SoftmaxPartialOf(const float* y, int64_t n, float temperature);
+bool SoftmaxPartialVectorised();  // whether SoftmaxPartialOf takes the AVX-512F path here
+namespace internal {
+#if defined(__x86_64__) || defined(__i386__)
+// shard_reduce_avx512.cc (built with -mavx512f); call only when SoftmaxPartialVectorised().
+SoftmaxPartial SoftmaxPartialAvx512(const float* y, int64_t n, float temperature);
+#endif
+}  // namespace internal
+
 // The k best columns, best first (ties to the smaller id); slots past n_valid get id -1.
-// part: max and sum of exp over y / temperature (only when part != nullptr).
+// part: SoftmaxPartialOf the row (only when part != nullptr).
 void ShardTopK(const float* y, int64_t n_valid, int32_t id_base, uint32_t k, float temperature,
                Candidate* out, SoftmaxPartial* part);
 
