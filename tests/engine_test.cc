@@ -44,6 +44,30 @@ struct Group {
 // Wraps rank 0's collective (tests that hold the engine at a known point); identity by default.
 using WrapCollective = std::function<std::unique_ptr<Collective>(std::unique_ptr<Collective>)>;
 
+// A collective that passes every call to `inner`: the base of the wrappers below, which override
+// what they watch or hold.
+class ForwardingCollective : public Collective {
+ public:
+  explicit ForwardingCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world() const override { return inner_->world(); }
+  std::string name() const override { return inner_->name(); }
+  bool AcceptsDeviceMemory() const override { return inner_->AcceptsDeviceMemory(); }
+  absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
+    return inner_->Broadcast(data, bytes, space, t);
+  }
+  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
+                      std::chrono::milliseconds t) override {
+    return inner_->Gather(send, bytes, recv, space, t);
+  }
+  absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
+    return inner_->PostGather(recv, bytes, space);
+  }
+
+ private:
+  std::unique_ptr<Collective> inner_;
+};
+
 // A device double for the engine's device paths without a GPU (a group in device memory: rows
 // apart, device gathers): the CPU backend behind ComputeBackend's device contract, its "device
 // memory" host memory. DeviceRows is laid out as the contract says (fp8-twin rows first, then
@@ -438,35 +462,30 @@ TEST(EngineTest, BatchesOfChangingSizeCrossTheGroupIntact) {
 
 // Rank 0's collective, counting the device broadcasts (rows apart) and their bytes, and holding
 // the engine to PostGather's contract (the next call must be that Gather).
-class CountingCollective : public Collective {
+class CountingCollective : public ForwardingCollective {
  public:
-  explicit CountingCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int world() const override { return inner_->world(); }
-  std::string name() const override { return inner_->name(); }
-  bool AcceptsDeviceMemory() const override { return inner_->AcceptsDeviceMemory(); }
+  using ForwardingCollective::ForwardingCollective;
   absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
     EXPECT_FALSE(posted_) << "a broadcast between PostGather and its Gather";
     if (space == MemorySpace::kDevice) {
       ++device_broadcasts;
       device_bytes += bytes;
     }
-    return inner_->Broadcast(data, bytes, space, t);
+    return ForwardingCollective::Broadcast(data, bytes, space, t);
   }
   absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
                       std::chrono::milliseconds t) override {
     posted_ = false;
-    return inner_->Gather(send, bytes, recv, space, t);
+    return ForwardingCollective::Gather(send, bytes, recv, space, t);
   }
   absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
     posted_ = true;
-    return inner_->PostGather(recv, bytes, space);
+    return ForwardingCollective::PostGather(recv, bytes, space);
   }
   std::atomic<int> device_broadcasts{0};
   std::atomic<size_t> device_bytes{0};
 
  private:
-  std::unique_ptr<Collective> inner_;
   bool posted_ = false;  // rank 0's engine thread only
 };
 
@@ -623,9 +642,9 @@ TEST(EngineTest, APayloadStaysIntactWhileTheNextBatchRuns) {
 // Rank 0's collective with a gate: once armed, the next Broadcast (a batch or the idle heartbeat,
 // both on the thread that holds the engine) waits until the gate opens, so a test knows the engine
 // is held.
-class GatedCollective : public Collective {
+class GatedCollective : public ForwardingCollective {
  public:
-  explicit GatedCollective(std::unique_ptr<Collective> inner) : inner_(std::move(inner)) {}
+  using ForwardingCollective::ForwardingCollective;
   void Arm() {
     absl::MutexLock l(&mu_);
     armed_ = true;
@@ -638,9 +657,6 @@ class GatedCollective : public Collective {
     absl::MutexLock l(&mu_);
     open_ = true;
   }
-  int rank() const override { return inner_->rank(); }
-  int world() const override { return inner_->world(); }
-  std::string name() const override { return inner_->name(); }
   absl::Status Broadcast(void* data, size_t bytes, MemorySpace space, std::chrono::milliseconds t) override {
     {
       absl::MutexLock l(&mu_);
@@ -650,18 +666,10 @@ class GatedCollective : public Collective {
         mu_.Await(absl::Condition(&open_));
       }
     }
-    return inner_->Broadcast(data, bytes, space, t);
-  }
-  absl::Status Gather(const void* send, size_t bytes, void* recv, MemorySpace space,
-                      std::chrono::milliseconds t) override {
-    return inner_->Gather(send, bytes, recv, space, t);
-  }
-  absl::Status PostGather(void* recv, size_t bytes, MemorySpace space) override {
-    return inner_->PostGather(recv, bytes, space);
+    return ForwardingCollective::Broadcast(data, bytes, space, t);
   }
 
  private:
-  std::unique_ptr<Collective> inner_;
   absl::Mutex mu_;
   bool armed_ = false, entered_ = false, open_ = false;
 };
