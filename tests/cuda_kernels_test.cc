@@ -626,17 +626,23 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   DeviceBuffer<cuda::ReduceRow> drows(c.rows.size());
   DH_CU(drows.Upload(c.rows));
   DeviceBuffer<uint8_t> pay(c.bytes);
-  DH_CU(cudaMemset(pay.get(), 0xcd, c.bytes));
   const size_t sb = cuda::EpilogueScratchBytes(n_valid, static_cast<int>(c.rows.size()));
   DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
+  DH_CU(cudaMemset(scratch.get(), 0, std::max<size_t>(sb, 16)));  // the split path's tickets
   const int nrows = static_cast<int>(c.rows.size());
   const cuda::ReduceRow* hrows = host_rows ? c.rows.data() : nullptr;
-  if (variant == 0) {  // the production entry point
-    DH_CU(cuda::ShardEpilogue(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(), nrows,
-                              pay.get(), scratch.get(), sb, nullptr, hrows));
-  } else {
-    DH_CU(cuda::ShardEpilogueVariant(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(), nrows,
-                                     pay.get(), scratch.get(), sb, nullptr, hrows, variant));
+  // Twice on one scratch, the first answer overwritten: the second call needs the tickets the
+  // first left (a merge skipped or run early would leave 0xcd bytes or wrong records).
+  for (int call = 0; call < 2; ++call) {
+    DH_CU(cudaMemset(pay.get(), 0xcd, c.bytes));
+    if (variant == 0) {  // the production entry point
+      DH_CU(cuda::ShardEpilogue(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(), nrows,
+                                pay.get(), scratch.get(), sb, nullptr, hrows));
+    } else {
+      DH_CU(cuda::ShardEpilogueVariant(dy.get(), ldy, n_shard, n_valid, id_base, drows.get(),
+                                       nrows, pay.get(), scratch.get(), sb, nullptr, hrows,
+                                       variant));
+    }
   }
   DH_CU(cudaDeviceSynchronize());
   const auto p = pay.Download(c.bytes);
@@ -691,13 +697,14 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
 }
 
 // Every epilogue dispatch: the default (with and without the host copy of the rows), the round-1
-// kernels, and the split path with 512- to 4096-column chunks.
+// kernels, the split path with 512- to 4096-column chunks, and its merge as a kernel of its own.
 void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                    int32_t id_base, const EpilogueCase& c) {
   const struct {
     int variant;
     bool host_rows;
-  } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true}, {4, true}, {5, true}};
+  } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true},
+                 {4, true}, {5, true}, {6, true}};
   for (const auto& cfg : configs) {
     SCOPED_TRACE(testing::Message() << "epilogue variant " << cfg.variant << " host rows "
                                     << cfg.host_rows << " n_valid " << n_valid);

@@ -1,5 +1,6 @@
 #include "kernels/cuda/best_row.cuh"
 
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/reduce_common.cuh"
 
 namespace drafthead::cuda::epilogue {
@@ -11,6 +12,7 @@ __global__ void __launch_bounds__(kBestThreads) BestKernel(const float* __restri
                                                            int64_t n_valid, int32_t id_base,
                                                            const ReduceRow* __restrict__ rows,
                                                            uint8_t* __restrict__ payload) {
+  WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.x];
   const bool sample = r.mode == static_cast<uint8_t>(ReduceMode::kSample);
   if (!sample && r.mode != static_cast<uint8_t>(ReduceMode::kArgmax)) return;
@@ -40,8 +42,8 @@ __global__ void __launch_bounds__(kBestThreads) BestKernel(const float* __restri
 cudaError_t LaunchBestPerRow(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                              const ReduceRow* rows, int nrows, uint8_t* payload,
                              cudaStream_t stream) {
-  BestKernel<<<nrows, kBestThreads, 0, stream>>>(y, ldy, n_valid, id_base, rows, payload);
-  return cudaGetLastError();
+  return LaunchDependent(BestKernel, dim3(nrows), dim3(kBestThreads), 0, stream, y, ldy, n_valid,
+                         id_base, rows, payload);
 }
 
 }  // namespace drafthead::cuda::epilogue

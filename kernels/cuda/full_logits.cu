@@ -1,5 +1,6 @@
 #include "kernels/cuda/full_logits.cuh"
 
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/reduce_common.cuh"
 
 namespace drafthead::cuda::epilogue {
@@ -8,6 +9,7 @@ namespace {
 __global__ void __launch_bounds__(256) FullLogitsKernel(const float* __restrict__ y, int64_t ldy,
                                                         int64_t n, const ReduceRow* __restrict__ rows,
                                                         uint8_t* __restrict__ payload) {
+  WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.y];
   if (r.mode != static_cast<uint8_t>(ReduceMode::kFullLogits)) return;
   const float* src = y + static_cast<int64_t>(r.y_row) * ldy;
@@ -42,9 +44,8 @@ cudaError_t LaunchFullLogits(const float* y, int64_t ldy, int64_t n_shard, const
                              int nrows, uint8_t* payload, cudaStream_t stream) {
   const int64_t fx = (n_shard + 1023) / 1024;
   if (fx > 0x7fffffff) return cudaErrorInvalidValue;
-  FullLogitsKernel<<<dim3(static_cast<unsigned>(fx), nrows), 256, 0, stream>>>(y, ldy, n_shard,
-                                                                               rows, payload);
-  return cudaGetLastError();
+  return LaunchDependent(FullLogitsKernel, dim3(static_cast<unsigned>(fx), nrows), dim3(256), 0,
+                         stream, y, ldy, n_shard, rows, payload);
 }
 
 }  // namespace drafthead::cuda::epilogue

@@ -87,7 +87,7 @@ cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* pack
                         const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   DH_CUDA_TRY(ValidateGemv(x, m, k, packed, exps, n, y, ldy));
   return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) {
-    return DispatchPacked<2, 2>(xp, mm, k, packed, exps, n, yp, ldy, stream);
+    return DispatchPacked<2, 2, true>(xp, mm, k, packed, exps, n, yp, ldy, stream);
   });
 }
 

@@ -11,7 +11,9 @@
 //   split_reduce.cuh  TOP_K k <= kSmallTopK (64), ARGMAX, SAMPLE split over many CTAs a row;
 //   topk_select.cuh   TOP_K of any k <= kMaxTopK: radix select, one CTA a row (or row segment);
 //   best_row.cuh      ARGMAX / SAMPLE with one CTA a row (rows the split path cannot cut).
-// All pointers are device memory; asynchronous on `stream`. Callers validate the row
+// All pointers are device memory (the payload may be mapped pinned host memory); asynchronous on
+// `stream`; the kernels are programmatic dependents of the kernel before them (they may launch
+// while it finishes; dependent_launch.cuh). Callers validate the row
 // descriptors on the host with ValidateReduceRows (unknown mode, k outside 1..kMaxTopK, T <= 0
 // -> cudaErrorInvalidValue) before uploading them; the kernels skip rows they cannot serve.
 #pragma once
@@ -52,7 +54,9 @@ size_t EpilogueScratchBytes(int64_t n_valid, int nrows);
 
 // y: fp32 [*, ldy] (ldy a multiple of 4, y 16-byte aligned); n_shard: columns written for full
 // rows; n_valid <= n_shard: columns reduced over (at most 655360); column j is token id_base + j.
-// scratch: device memory of at least EpilogueScratchBytes(n_valid, nrows) bytes. rows_host
+// scratch: device memory of at least EpilogueScratchBytes(n_valid, nrows) bytes, zeroed once
+// before the first call (cudaMemset) and left zeroed by every call (it holds the split path's
+// per-row tickets); one call at a time may use it (stream order). rows_host
 // (optional): a host copy of rows_dev, used only to skip the launches no row needs.
 cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                           int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/reduce_common.cuh"
 
 namespace drafthead::cuda::epilogue {
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(kTopKThreads, 1) TopKKernel(const float* __res
                                                            int smem_floats, int64_t seg_len,
                                                            uint8_t* __restrict__ scratch,
                                                            uint32_t min_k) {
+  WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.x];
   if (!TopKRowFrom(r, min_k)) return;
   extern __shared__ float staged[];
@@ -210,6 +212,7 @@ __global__ void __launch_bounds__(kTopKThreads, 1) TopKMerge(const float* __rest
                                                           uint8_t* __restrict__ payload, int segs,
                                                           const uint8_t* __restrict__ scratch,
                                                           uint32_t min_k) {
+  WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.x];
   if (!TopKRowFrom(r, min_k)) return;
   extern __shared__ uint64_t mkeys[];
@@ -272,19 +275,20 @@ cudaError_t LaunchTopKSelect(const float* y, int64_t ldy, int64_t n_valid, int32
   uint8_t* seg_scratch = static_cast<uint8_t*>(scratch);
   DH_CUDA_TRY(cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    kTopKSmemFloats * 4));
-  TopKKernel<<<dim3(nrows, static_cast<unsigned>(segs)), kTopKThreads,
-               smem_floats * sizeof(float), stream>>>(y, ldy, n_valid, id_base, rows, payload,
-                                                      smem_floats, seg_len, seg_scratch, min_k);
-  DH_CUDA_TRY(cudaGetLastError());
+  DH_CUDA_TRY(LaunchDependent(TopKKernel, dim3(nrows, static_cast<unsigned>(segs)),
+                              dim3(kTopKThreads), smem_floats * sizeof(float), stream, y, ldy,
+                              n_valid, id_base, rows, payload, smem_floats, seg_len, seg_scratch,
+                              min_k));
   if (segs > 1) {
     size_t keys = 1;  // the bitonic sort pads to a power of two
     while (keys < static_cast<size_t>(segs) * kMaxTopK) keys <<= 1;
     DH_CUDA_TRY(cudaFuncSetAttribute(TopKMerge, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      kMergeMaxKeys * 8));
-    TopKMerge<<<nrows, kTopKThreads, keys * 8, stream>>>(y, ldy, id_base, rows, payload,
-                                                        static_cast<int>(segs), seg_scratch, min_k);
+    DH_CUDA_TRY(LaunchDependent(TopKMerge, dim3(nrows), dim3(kTopKThreads), keys * 8, stream, y,
+                                ldy, id_base, rows, payload, static_cast<int>(segs),
+                                static_cast<const uint8_t*>(seg_scratch), min_k));
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 }  // namespace drafthead::cuda::epilogue

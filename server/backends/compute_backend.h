@@ -27,6 +27,11 @@ struct BackendOptions {
   bool keep_bf16 = false;
   int max_rows = kMaxRowsLimit;  // CUDA: work buffers for this many rows are allocated at Load
   bool cuda_graphs = true;  // CUDA: replay one captured graph per step shape (--cuda-graphs)
+  // CUDA step details, measured against each other by drafthead-bench-step (docs/NOTES.md,
+  // session 12); the server keeps the defaults.
+  bool cuda_upload_by_kernel = true;  // the step's rows go up by a kernel reading pinned memory, not the copy engine
+  bool cuda_timing_off_path = true;   // in graphs, the stage events hang off the chain (a side branch), not in it
+  size_t cuda_direct_payload_max = 64 * 1024;  // host payloads up to this size written by the epilogue into pinned memory (no D2H copy)
   cpu::GemvIsa cpu_isa = cpu::GemvIsa::kAuto;  // CPU: the GEMV implementation (--isa)
 };
 

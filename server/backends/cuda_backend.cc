@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/head_bf16.cuh"
 #include "kernels/cuda/head_gemv.cuh"
+#include "kernels/cuda/host_copy.cuh"
 #include "kernels/cuda/shard_reduce.cuh"
 #include "kernels/cuda/twin.cuh"
 #include "server/backends/compute_backend.h"
@@ -82,6 +83,9 @@ class CudaBackend : public ComputeBackend {
     for (auto& step_events : events_)
       for (cudaEvent_t e : step_events)
         if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : forks_)
+      if (e) cudaEventDestroy(e);
+    if (side_) cudaStreamDestroy(side_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -103,6 +107,8 @@ class CudaBackend : public ComputeBackend {
     DH_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     for (auto& step_events : events_)
       for (cudaEvent_t& e : step_events) DH_CUDA_CHECK(cudaEventCreate(&e));
+    DH_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : forks_) DH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return absl::OkStatus();
   }
 
@@ -243,7 +249,10 @@ class CudaBackend : public ComputeBackend {
     step.stage_bytes = stage_bytes;
     step.desc_off = desc_off;
     step.upload_from = x_on_device ? desc_off : 0;
-    step.d2h_bytes = space == MemorySpace::kHost ? layout.bytes() : 0;
+    // A small host payload is written by the epilogue straight into the slot's pinned buffer
+    // (mapped: one address on both sides), saving the D2H copy's node and its latency.
+    step.direct_payload = space == MemorySpace::kHost && layout.bytes() <= opts_.cuda_direct_payload_max;
+    step.d2h_bytes = space == MemorySpace::kHost && !step.direct_payload ? layout.bytes() : 0;
     // The step's events and host payload: neither the step in flight's nor the one being answered
     // from (kHostPayloads in turn).
     hpayloads_.Next();
@@ -363,7 +372,8 @@ class CudaBackend : public ComputeBackend {
     int rows = 0, n_fp8 = 0, n_bf16 = 0;
     size_t stage_bytes = 0, desc_off = 0;
     size_t upload_from = 0;  // desc_off when x is on the device already (DeviceRows)
-    size_t d2h_bytes = 0;  // 0: the payload stays on the device
+    size_t d2h_bytes = 0;  // 0: the payload stays on the device, or is written to the host directly
+    bool direct_payload = false;  // the epilogue writes the host payload (hpayloads_[slot])
     int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
   };
   // A step launched and not yet finished.
@@ -401,17 +411,41 @@ class CudaBackend : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  // The step's stream work, launched one by one: H2D of the staging buffer, the GEMV(s), the
-  // epilogue, the D2H of the payload, with the timing events between them (external records while
-  // capturing, so that the graph keeps them as event nodes; outside a capture the driver refuses
-  // that flag).
+  // The step's stream work, launched one by one: the upload of the staging buffer (a kernel
+  // reading pinned memory, which lets the GEMV launch early: dependent_launch.cuh; or the copy
+  // engine), the GEMV(s), the epilogue, the D2H of the payload (none when the epilogue wrote it
+  // to pinned memory itself), with the timing events between them. While capturing, the events
+  // are external records, so that the graph keeps them as event nodes (outside a capture the
+  // driver refuses that flag), and with cuda_timing_off_path they hang off the chain on a side
+  // branch, so that adjacent kernels keep their programmatic edges.
   absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][0], stream_, record_flags_));
-    DH_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dstage_.p) + s.upload_from,
-                                  static_cast<const uint8_t*>(stage_.p) + s.upload_from,
-                                  s.stage_bytes - s.upload_from, cudaMemcpyHostToDevice, stream_));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][1], stream_, record_flags_));
+    const bool capturing = record_flags_ == cudaEventRecordExternal;
+    const bool branch = capturing && opts_.cuda_timing_off_path;
+    auto stamp = [&](int i) -> absl::Status {
+      if (branch && i > 0 && i < 4) {
+        DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
+        DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
+        DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], side_, record_flags_));
+        return absl::OkStatus();
+      }
+      if (branch && i == 4) {  // the side branch joins the chain before the capture ends
+        DH_CUDA_CHECK(cudaEventRecord(forks_[3], side_));
+        DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, forks_[3], 0));
+      }
+      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], stream_, record_flags_));
+      return absl::OkStatus();
+    };
+    DH_RETURN_IF_ERROR(stamp(0));
+    auto* up_dst = static_cast<uint8_t*>(dstage_.p) + s.upload_from;
+    const auto* up_src = static_cast<const uint8_t*>(stage_.p) + s.upload_from;
+    const size_t up_bytes = s.stage_bytes - s.upload_from;
+    if (opts_.cuda_upload_by_kernel) {
+      DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream_));
+    } else {
+      DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    DH_RETURN_IF_ERROR(stamp(1));
     const auto* dx = static_cast<const uint16_t*>(dstage_.p);
     auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
@@ -428,20 +462,19 @@ class CudaBackend : public ComputeBackend {
                                          K, static_cast<const uint16_t*>(bf16_.p), S,
                                          y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][2], stream_, record_flags_));
+    DH_RETURN_IF_ERROR(stamp(2));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage_.p) + s.desc_off);
+    auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : payload_.p);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
-                                      static_cast<uint8_t*>(payload_.p), escratch_.p,
-                                      escratch_.bytes, stream_, desc));
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][3], stream_, record_flags_));
+                                      payload, escratch_.p, escratch_.bytes, stream_, desc));
+    DH_RETURN_IF_ERROR(stamp(3));
     if (s.d2h_bytes > 0) {
       DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, payload_.p, s.d2h_bytes,
                                     cudaMemcpyDeviceToHost, stream_));
     }
-    DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][4], stream_, record_flags_));
-    return absl::OkStatus();
+    return stamp(4);
   }
 
   // Launches the step: replays the graph captured for its shape (capturing it the first time), or
@@ -450,13 +483,15 @@ class CudaBackend : public ComputeBackend {
   // descriptors) lies in dstage_, uploaded by the graph's own H2D node (x there already: from the
   // descriptors on); the rest is fixed per shape: the row count, the epilogue's kernels
   // (EpilogueLaunches), the bytes copied back (< 2^37), whether x is uploaded, and the slot (its
-  // events and the D2H's target).
+  // events and the D2H's or the epilogue's host target), whether the epilogue writes to the host.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
-    if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
+    if (!opts_.cuda_graphs || s.n_bf16 > 0 || s.d2h_bytes >= (uint64_t{1} << 36))
+      return EnqueueStep(s, desc);
     const uint64_t key = static_cast<uint64_t>(s.rows) |
                          static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
                          static_cast<uint64_t>(s.d2h_bytes) << 24 |
+                         static_cast<uint64_t>(s.direct_payload) << 60 |
                          static_cast<uint64_t>(s.upload_from != 0) << 61 |
                          static_cast<uint64_t>(s.slot) << 62;
     auto it = graphs_.find(key);
@@ -530,6 +565,8 @@ class CudaBackend : public ComputeBackend {
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
     const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
+    if (escratch_.p != before[4])  // the split epilogue's tickets start at zero (shard_reduce.cuh)
+      DH_CUDA_CHECK(cudaMemsetAsync(escratch_.p, 0, escratch_.bytes, stream_));
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
@@ -539,6 +576,8 @@ class CudaBackend : public ComputeBackend {
   int rank_;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // a captured step's timing branch (cuda_timing_off_path)
+  cudaEvent_t forks_[4] = {};    // that branch's three forks and its join
   cublasHandle_t cublas_ = nullptr;
   ShardGeometry geo_;
   bool loaded_ = false;

@@ -1,0 +1,42 @@
+// Programmatic dependent launch (PDL, sm_90): a kernel launched with LaunchDependent may start
+// while the kernel before it on the stream is still running; it must call
+// WaitForPrerequisites() before it reads anything an earlier operation on the stream writes, or
+// writes anything one reads (the wait returns once the previous kernel has finished and its writes
+// are visible; at once where there is no programmatic dependency: after a copy, an event, or
+// outside PDL). What it gains: the dependent's launch, and its work that needs no inputs (the
+// GEMV's first weight loads), overlap the previous kernel's tail. Graph capture keeps the
+// dependency as a programmatic edge when the two kernels are adjacent in the stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace drafthead::cuda {
+
+__device__ __forceinline__ void WaitForPrerequisites() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// Lets the next kernel on the stream (if launched with LaunchDependent) launch now.
+__device__ __forceinline__ void LetDependentsLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace drafthead::cuda
