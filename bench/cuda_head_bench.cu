@@ -230,10 +230,10 @@ int main(int argc, char** argv) {
     // Epilogue: the payload kernels for M rows (bf16 full logits; top-k 8; argmax).
     // Columns: round-1 kernels (variant 1, as before); the default split dispatch given the host
     // rows (as the backend calls it); the same without them (every kernel launched); split with
-    // 512- to 4096-column chunks; the split path's merge as a kernel of its own (variant 6).
+    // 512- to 4096-column chunks.
     if (epilogue)
-      std::printf("\n| epilogue (M rows) | old us | new us | new, no host rows us | c512 us | c1024 us | c2048 us | c4096 us | old/new | old GPU us | new GPU us | merge kernel us | merge kernel GPU us |\n"
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      std::printf("\n| epilogue (M rows) | old us | new us | new, no host rows us | c512 us | c1024 us | c2048 us | c4096 us | old/new | old GPU us | new GPU us |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     uint8_t* pay;
     CK(cudaMalloc(&pay, size_t{64} * N * 4 + 4096));
     drafthead::cuda::ReduceRow* drows;
@@ -279,7 +279,6 @@ int main(int argc, char** argv) {
       const size_t escr_bytes = drafthead::cuda::EpilogueScratchBytes(N, rows);
       void* escr = nullptr;
       CK(cudaMalloc(&escr, std::max<size_t>(escr_bytes, 16)));
-      CK(cudaMemset(escr, 0, std::max<size_t>(escr_bytes, 16)));  // the split path's tickets
       CK(drafthead::cuda::HeadGemvFp8(x, 64, K, packed[0], exps[0], N, y, N, nullptr));
       // Variant 0 is the production entry point; the others the experimental dispatches.
       auto run_epi = [&](int variant, bool host_rows) {
@@ -318,10 +317,8 @@ int main(int argc, char** argv) {
         return Median(v) * 1e3;
       };
       const double g_old = gpu_epi(1, false), g_new = gpu_epi(0, true);
-      const double t_sep = time_epi(6, true), g_sep = gpu_epi(6, true);
-      std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f |\n",
-                  label, t_old, t_new, t_nh, t_512, t_1k, t_2k, t_4k, t_old / t_new, g_old, g_new,
-                  t_sep, g_sep);
+      std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |\n",
+                  label, t_old, t_new, t_nh, t_512, t_1k, t_2k, t_4k, t_old / t_new, g_old, g_new);
       CK(cudaFree(escr));
     }
     CK(cudaFree(pay));

@@ -78,8 +78,7 @@ cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t 
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           const ReduceRow* rows_host) {
   return detail::ShardEpilogueWithSplitChunk(y, ldy, n_shard, n_valid, id_base, rows_dev, nrows,
-                                             payload, scratch, scratch_bytes, stream, rows_host, 0,
-                                             true);
+                                             payload, scratch, scratch_bytes, stream, rows_host, 0);
 }
 
 namespace detail {
@@ -88,8 +87,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
                                         int64_t n_valid, int32_t id_base,
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                                        const ReduceRow* rows_host, int split_chunk,
-                                        bool merge_in_last_cta) {
+                                        const ReduceRow* rows_host, int split_chunk) {
   if (nrows <= 0) return cudaSuccess;
   if (ldy % 4 != 0 || n_valid > n_shard || n_valid < 0 || n_shard < 1 || ldy < n_shard ||
       (reinterpret_cast<uintptr_t>(y) & 15u) != 0 || nrows > 65535)
@@ -107,7 +105,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   uint8_t* split_scratch = seg_scratch + epilogue::TopKSelectScratchBytes(n_valid, nrows);
   if (any_split)
     DH_CUDA_TRY(epilogue::LaunchSplitReduce(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
-                                            chunk, split_scratch, merge_in_last_cta, stream));
+                                            chunk, split_scratch, stream));
   if (any_best_old)
     DH_CUDA_TRY(epilogue::LaunchBestPerRow(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
                                            stream));

@@ -54,9 +54,7 @@ size_t EpilogueScratchBytes(int64_t n_valid, int nrows);
 
 // y: fp32 [*, ldy] (ldy a multiple of 4, y 16-byte aligned); n_shard: columns written for full
 // rows; n_valid <= n_shard: columns reduced over (at most 655360); column j is token id_base + j.
-// scratch: device memory of at least EpilogueScratchBytes(n_valid, nrows) bytes, zeroed once
-// before the first call (cudaMemset) and left zeroed by every call (it holds the split path's
-// per-row tickets); one call at a time may use it (stream order). rows_host
+// scratch: device memory of at least EpilogueScratchBytes(n_valid, nrows) bytes. rows_host
 // (optional): a host copy of rows_dev, used only to skip the launches no row needs.
 cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                           int32_t id_base, const ReduceRow* rows_dev, int nrows, uint8_t* payload,

@@ -15,13 +15,11 @@ namespace drafthead::cuda::detail {
 // ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
 // kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the
 // split path off (every row on the one-CTA-a-row kernels), 512..4096 a fixed chunk (raised where
-// the row would need more than the split path's chunk limit; off past 4096). merge_in_last_cta
-// false: the split path's merge as a kernel of its own (before session 12).
+// the row would need more than the split path's chunk limit; off past 4096).
 cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_shard,
                                         int64_t n_valid, int32_t id_base,
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                                        const ReduceRow* rows_host, int split_chunk,
-                                        bool merge_in_last_cta);
+                                        const ReduceRow* rows_host, int split_chunk);
 
 }  // namespace drafthead::cuda::detail

@@ -10,8 +10,8 @@ namespace drafthead::cuda::epilogue {
 namespace {
 
 // Each row is cut into chunks of `chunk` columns (blockIdx.x), one 256-thread CTA each, so a row
-// is spread over many SMs; every CTA writes a small record to scratch and the row's last CTA to
-// finish combines them (MergeRow; SplitMerge, a kernel of its own, is the measured alternative). The candidate orders are total (unique ids), so the result does not depend on
+// is spread over many SMs; every CTA writes a small record to scratch and SplitMerge (one CTA per
+// row) combines them. The candidate orders are total (unique ids), so the result does not depend on
 // how the row was cut: bit-identical to the CPU.
 //
 // TOP_K inside a CTA: each thread's largest key is a lower bound for its own elements; the k-th
@@ -158,18 +158,22 @@ __device__ __forceinline__ void RankCandidates(const uint64_t* cand, uint32_t cn
   }
 }
 
-// Writes this CTA's chunk record (blockIdx.x of the row's chunks) for a split row r into rec.
-// smem: the kernel's dynamic shared memory (chunk floats, then the candidates).
-__device__ __forceinline__ void ChunkRecord(const float* __restrict__ y, int64_t ldy,
-                                            int64_t n_valid, int32_t id_base, const ReduceRow& r,
-                                            int chunk, uint8_t* __restrict__ rec,
-                                            unsigned char* smem, TopKShared& sh, Candidate* cred) {
+__global__ void __launch_bounds__(kSplitThreads) SplitKernel(const float* __restrict__ y, int64_t ldy,
+                                                             int64_t n_valid, int32_t id_base,
+                                                             const ReduceRow* __restrict__ rows,
+                                                             int chunk, uint8_t* __restrict__ scratch) {
+  WaitForPrerequisites();
+  const ReduceRow r = rows[blockIdx.y];
   const bool best_row = BestRow(r);
+  if (!best_row && !SmallTopKRow(r)) return;
+  const int nchunks = gridDim.x;
+  uint8_t* rec = scratch + (static_cast<size_t>(blockIdx.y) * nchunks + blockIdx.x) * kSplitRec;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t rest = n_valid - c0;
   const int len = rest <= 0 ? 0 : (rest < chunk ? static_cast<int>(rest) : chunk);
   const float* src = y + static_cast<int64_t>(r.y_row) * ldy + c0;
   const uint32_t idb = static_cast<uint32_t>(id_base + static_cast<int32_t>(c0));
+  __shared__ Candidate cred[kSplitThreads / 32];
 
   if (best_row) {
     const bool sample = r.mode == static_cast<uint8_t>(ReduceMode::kSample);
@@ -188,8 +192,10 @@ __device__ __forceinline__ void ChunkRecord(const float* __restrict__ y, int64_t
     return;
   }
 
-  float* sv = reinterpret_cast<float*>(smem);
-  uint64_t* cand = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(chunk) * 4);
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  float* sv = reinterpret_cast<float*>(split_smem);
+  uint64_t* cand = reinterpret_cast<uint64_t*>(split_smem + static_cast<size_t>(chunk) * 4);
+  __shared__ TopKShared sh;
   const uint32_t k = r.k;
   const float T = r.temperature;
 
@@ -244,28 +250,23 @@ __device__ __forceinline__ void ChunkRecord(const float* __restrict__ y, int64_t
   }
 }
 
-
-// Chunk records are read with ld.global.cg (L2, never L1): in the fused kernel they were written
-// by other CTAs of the same grid.
-__device__ __forceinline__ float RecMax(const uint8_t* rc) { return __ldcg(reinterpret_cast<const float*>(rc)); }
-__device__ __forceinline__ double RecSum(const uint8_t* rc) { return __ldcg(reinterpret_cast<const double*>(rc) + 1); }
-__device__ __forceinline__ uint64_t RecKey(const uint8_t* rc, int q) {
-  return __ldcg(reinterpret_cast<const unsigned long long*>(rc + 16) + q);
-}
-
-// Combines a row's nchunks chunk records (recs) into its payload record. Run by all kSplitThreads
-// threads of one CTA; cand: kSplitMergeCand keys of shared memory.
-__device__ __forceinline__ void MergeRow(const float* __restrict__ y, int64_t ldy, int32_t id_base,
-                                         const ReduceRow& r, uint8_t* __restrict__ payload,
-                                         int nchunks, const uint8_t* recs, uint64_t* cand,
-                                         TopKShared& sh, Candidate* cred) {
+__global__ void __launch_bounds__(kSplitThreads) SplitMerge(const float* __restrict__ y, int64_t ldy,
+                                                            int32_t id_base,
+                                                            const ReduceRow* __restrict__ rows,
+                                                            uint8_t* __restrict__ payload, int nchunks,
+                                                            const uint8_t* __restrict__ scratch) {
+  WaitForPrerequisites();
+  const ReduceRow r = rows[blockIdx.x];
+  const bool best_row = BestRow(r);
+  if (!best_row && !SmallTopKRow(r)) return;
+  const uint8_t* recs = scratch + static_cast<size_t>(blockIdx.x) * nchunks * kSplitRec;
   uint8_t* out = payload + r.out_offset;
-  if (BestRow(r)) {
+  __shared__ Candidate cred[kSplitThreads / 32];
+  if (best_row) {
     Candidate best{-1, kNegInf, 0.f};
     for (int c = threadIdx.x; c < nchunks; c += kSplitThreads) {
-      const unsigned* cw = reinterpret_cast<const unsigned*>(recs + static_cast<size_t>(c) * kSplitRec);
-      const Candidate o{static_cast<int32_t>(__ldcg(cw)), __uint_as_float(__ldcg(cw + 1)),
-                        __uint_as_float(__ldcg(cw + 2))};
+      const uint32_t* cw = reinterpret_cast<const uint32_t*>(recs + static_cast<size_t>(c) * kSplitRec);
+      const Candidate o{static_cast<int32_t>(cw[0]), __uint_as_float(cw[1]), __uint_as_float(cw[2])};
       if (CandidateBefore(o, best)) best = o;
     }
     best = BlockBestCandidate(best, cred);
@@ -275,11 +276,13 @@ __device__ __forceinline__ void MergeRow(const float* __restrict__ y, int64_t ld
     }
     return;
   }
+  __shared__ uint64_t cand[kSplitMergeCand];
+  __shared__ TopKShared sh;
   const uint32_t k = r.k;
   const int nk = nchunks * static_cast<int>(k);
   auto key_at = [&](int e) {
     const int c = e / static_cast<int>(k), q = e - c * static_cast<int>(k);
-    return RecKey(recs + static_cast<size_t>(c) * kSplitRec, q);
+    return reinterpret_cast<const uint64_t*>(recs + static_cast<size_t>(c) * kSplitRec + 16)[q];
   };
   // Thread i takes the contiguous slice [i L, (i+1) L) of the chunks' sorted lists laid end to
   // end, so the thread maxima are mostly list heads and the threshold is tight.
@@ -293,14 +296,14 @@ __device__ __forceinline__ void MergeRow(const float* __restrict__ y, int64_t ld
   // Softmax partials: the first chunk with the largest max (the CPU's running max).
   MaxAt best{kNegInf, INT64_MAX};
   for (int c = threadIdx.x; c < nchunks; c += kSplitThreads)
-    best = Better(best, MaxAt{RecMax(recs + static_cast<size_t>(c) * kSplitRec), c});
+    best = Better(best, MaxAt{reinterpret_cast<const float*>(recs + static_cast<size_t>(c) * kSplitRec)[0], c});
   const float gmax = BlockMaxAndThreshold(best, tm, k, sh);
   double sum = 0.0;
   if (isfinite(gmax)) {
     for (int c = threadIdx.x; c < nchunks; c += kSplitThreads) {
       const uint8_t* rc = recs + static_cast<size_t>(c) * kSplitRec;
-      const float cm = RecMax(rc);
-      const double cs = RecSum(rc);
+      const float cm = reinterpret_cast<const float*>(rc)[0];
+      const double cs = reinterpret_cast<const double*>(rc)[1];
       if (cs > 0.0 || cs != cs) sum += cs * exp(static_cast<double>(cm) - static_cast<double>(gmax));
     }
   }
@@ -325,60 +328,6 @@ __device__ __forceinline__ void MergeRow(const float* __restrict__ y, int64_t ld
   if (threadIdx.x == 0) WritePartial(out, gmax, isfinite(gmax) ? static_cast<float>(total) : 0.f);
 }
 
-// One CTA a (chunk, row): the chunk's record; with kFused, the row's last CTA to finish (a ticket
-// per row in `tickets`, zero between launches: that CTA sets it back) merges the row's records
-// into the payload, saving the merge kernel's launch and the wait for the whole grid.
-template <bool kFused>
-__global__ void __launch_bounds__(kSplitThreads) SplitKernel(const float* __restrict__ y, int64_t ldy,
-                                                             int64_t n_valid, int32_t id_base,
-                                                             const ReduceRow* __restrict__ rows,
-                                                             int chunk, uint8_t* __restrict__ scratch,
-                                                             uint32_t* __restrict__ tickets,
-                                                             uint8_t* __restrict__ payload) {
-  WaitForPrerequisites();
-  const ReduceRow r = rows[blockIdx.y];
-  if (!BestRow(r) && !SmallTopKRow(r)) return;
-  extern __shared__ __align__(16) unsigned char split_smem[];
-  __shared__ TopKShared sh;
-  __shared__ Candidate cred[kSplitThreads / 32];
-  __shared__ bool last;
-  const int nchunks = gridDim.x;
-  uint8_t* recs = scratch + static_cast<size_t>(blockIdx.y) * nchunks * kSplitRec;
-  ChunkRecord(y, ldy, n_valid, id_base, r, chunk, recs + static_cast<size_t>(blockIdx.x) * kSplitRec,
-              split_smem, sh, cred);
-  if constexpr (kFused) {
-    // The threadFenceReduction pattern: every thread's record writes are made visible device-wide
-    // before thread 0 takes the row's ticket; the CTA taking the last one sees every record.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(&tickets[blockIdx.y], 1u) == static_cast<uint32_t>(nchunks - 1);
-      if (last) tickets[blockIdx.y] = 0;  // no other CTA of this launch touches it any more
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    MergeRow(y, ldy, id_base, r, payload, nchunks, recs,
-             reinterpret_cast<uint64_t*>(split_smem), sh, cred);
-  }
-}
-
-
-// The merge as its own kernel, one CTA a row (kFused = false; the measured alternative).
-__global__ void __launch_bounds__(kSplitThreads) SplitMerge(const float* __restrict__ y, int64_t ldy,
-                                                            int32_t id_base,
-                                                            const ReduceRow* __restrict__ rows,
-                                                            uint8_t* __restrict__ payload, int nchunks,
-                                                            const uint8_t* __restrict__ scratch) {
-  WaitForPrerequisites();
-  const ReduceRow r = rows[blockIdx.x];
-  if (!BestRow(r) && !SmallTopKRow(r)) return;
-  __shared__ uint64_t cand[kSplitMergeCand];
-  __shared__ TopKShared sh;
-  __shared__ Candidate cred[kSplitThreads / 32];
-  MergeRow(y, ldy, id_base, r, payload, nchunks,
-           scratch + static_cast<size_t>(blockIdx.x) * nchunks * kSplitRec, cand, sh, cred);
-}
 
 }  // namespace
 
@@ -399,27 +348,20 @@ int SplitChunk(int64_t n_valid, int fixed_chunk) {
 }
 
 size_t SplitReduceScratchBytes(int nrows) {
-  return static_cast<size_t>(nrows) * kSplitMaxChunks * kSplitRec + static_cast<size_t>(nrows) * 4;
+  return static_cast<size_t>(nrows) * kSplitMaxChunks * kSplitRec;
 }
 
 cudaError_t LaunchSplitReduce(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                               const ReduceRow* rows, int nrows, uint8_t* payload, int chunk,
-                              void* scratch, bool merge_in_last_cta, cudaStream_t stream) {
+                              void* scratch, cudaStream_t stream) {
   if (chunk <= 0 || chunk > kSplitMaxChunk) return cudaErrorInvalidValue;
   uint8_t* recs = static_cast<uint8_t*>(scratch);
-  auto* tickets = reinterpret_cast<uint32_t*>(recs + static_cast<size_t>(nrows) * kSplitMaxChunks * kSplitRec);
   const int nchunks = static_cast<int>(std::max<int64_t>(1, (n_valid + chunk - 1) / chunk));
   if (nchunks > kSplitMaxChunks) return cudaErrorInvalidValue;
-  size_t smem = static_cast<size_t>(chunk) * 4 +
-                static_cast<size_t>(kSmallTopK) * 4 * ((chunk + 1023) / 1024) * 8;
-  const dim3 grid(nchunks, nrows);
-  if (merge_in_last_cta) {
-    smem = std::max<size_t>(smem, sizeof(uint64_t) * kSplitMergeCand);  // the merge's candidates
-    return LaunchDependent(SplitKernel<true>, grid, dim3(kSplitThreads), smem, stream, y, ldy,
-                           n_valid, id_base, rows, chunk, recs, tickets, payload);
-  }
-  DH_CUDA_TRY(LaunchDependent(SplitKernel<false>, grid, dim3(kSplitThreads), smem, stream, y, ldy,
-                              n_valid, id_base, rows, chunk, recs, tickets, payload));
+  const size_t smem = static_cast<size_t>(chunk) * 4 +
+                      static_cast<size_t>(kSmallTopK) * 4 * ((chunk + 1023) / 1024) * 8;
+  DH_CUDA_TRY(LaunchDependent(SplitKernel, dim3(nchunks, nrows), dim3(kSplitThreads), smem, stream,
+                              y, ldy, n_valid, id_base, rows, chunk, recs));
   return LaunchDependent(SplitMerge, dim3(nrows), dim3(kSplitThreads), 0, stream, y, ldy, id_base,
                          rows, payload, nchunks, static_cast<const uint8_t*>(recs));
 }

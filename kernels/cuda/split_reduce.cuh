@@ -1,9 +1,9 @@
 // Epilogue family "split": TOP_K with k <= kSmallTopK, ARGMAX and SAMPLE rows spread over many
 // CTAs a row. Each row is cut into chunks of 512..4096 columns, one 256-thread CTA each, which
-// write per-chunk candidates and softmax partials to scratch; the row's last CTA to finish (or,
-// merge_in_last_cta false, a merge kernel of one CTA a row) combines them into the row's record.
-// The candidate orders are total, so the results equal the one-CTA-a-row kernels' (best_row.cuh,
-// topk_select.cuh) bit for bit. Other rows' CTAs return at once. Internal to the epilogue (shard_reduce.cu validates the arguments).
+// write per-chunk candidates and softmax partials to scratch; a merge kernel (one CTA per row)
+// combines them into the row's record. The candidate orders are total, so the results equal the
+// one-CTA-a-row kernels' (best_row.cuh, topk_select.cuh) bit for bit. Other rows' CTAs return at
+// once. Internal to the epilogue (shard_reduce.cu validates the arguments).
 #pragma once
 
 #include <cstddef>
@@ -23,15 +23,13 @@ inline constexpr uint32_t kSmallTopK = 64;
 // raised to what keeps a row within the chunk limit. 0: the split path cannot serve this shape.
 int SplitChunk(int64_t n_valid, int fixed_chunk);
 
-// Scratch LaunchSplitReduce needs for nrows rows (any chunk SplitChunk returns): the chunk
-// records, then a ticket per row, which must be zero before the first launch (cudaMemset once
-// after allocating) and which every launch leaves zero.
+// Scratch LaunchSplitReduce needs for nrows rows (any chunk SplitChunk returns).
 size_t SplitReduceScratchBytes(int nrows);
 
-// chunk: from SplitChunk (cudaErrorInvalidValue for 0 or a chunk too small for n_valid). The
+// chunk: from SplitChunk (cudaErrorInvalidValue for 0 or a chunk too small for n_valid). Both
 // kernels are launched as programmatic dependents (dependent_launch.cuh).
 cudaError_t LaunchSplitReduce(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                               const ReduceRow* rows, int nrows, uint8_t* payload, int chunk,
-                              void* scratch, bool merge_in_last_cta, cudaStream_t stream);
+                              void* scratch, cudaStream_t stream);
 
 }  // namespace drafthead::cuda::epilogue

@@ -4,10 +4,12 @@
 // --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
 // batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
 // grouped by head + the per-row epilogue descriptors; only the descriptors when a group's rows
-// arrived on the device: DeviceRows) and, for kHost, one download of the payload per Run; one
-// stream synchronization per Run. Events between the stages time them
+// arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine),
+// and, for kHost, the payload: written by the epilogue into pinned memory when small, else one
+// download; one stream synchronization per Run. Events between the stages time them
 // (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
-// back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly).
+// back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly); the kernels are
+// programmatic dependents of the one before (kernels/cuda/dependent_launch.cuh).
 //
 // Threads: one caller at a time (whoever drives the rank's engine); every entry point makes the
 // device current first, so the caller need not. Failure: absl::Status naming the failing
@@ -565,8 +567,6 @@ class CudaBackend : public ComputeBackend {
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
     const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
-    if (escratch_.p != before[4])  // the split epilogue's tickets start at zero (shard_reduce.cuh)
-      DH_CUDA_CHECK(cudaMemsetAsync(escratch_.p, 0, escratch_.bytes, stream_));
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
