@@ -59,7 +59,7 @@ struct LoadOptions {
   // A same-host lane (docs/lane.md) instead of gRPC: `concurrency` threads share one lane of that
   // depth, each calling synchronously (closed loop, native protocol only).
   bool lane = false;
-  int64_t lane_spin_ns = 200000;
+  int64_t lane_spin_ns = -1;  // -1: the ring's automatic budget (LaneRing::Wait)
   // Unary calls through the C++ client library's blocking call (DraftHeadClient::Compute), each of
   // `concurrency` threads with its own connection (closed loop, native protocol): what a C++
   // caller waiting for its answer sees. The default drives gRPC's callback API, which on Debian's

@@ -87,7 +87,9 @@ ABSL_FLAG(std::string, html, "", "load: self-contained HTML report with plots");
 ABSL_FLAG(bool, quiet, false, "load: no text summary on stdout");
 ABSL_FLAG(std::string, lane, "off", "load: shm: a same-host lane (shared-memory rings, docs/lane.md; the server needs --lanes) instead of gRPC calls | off");
 ABSL_FLAG(std::string, client_api, "callback", "load: callback (gRPC's callback API, every answer handed to a pool thread) | blocking (the client library's blocking call on a thread per in-flight call: what a C++ caller that waits sees; closed loop, unary)");
-ABSL_FLAG(int64_t, lane_spin_us, 200, "load --lane=shm: a waiting call spins this long before sleeping on the doorbell");
+ABSL_FLAG(int64_t, lane_spin_us, -1,
+          "load --lane=shm: a waiting call spins this long before sleeping on the doorbell; -1: 1.5x "
+          "the lane's recent call time, 50 us .. 2 ms");
 ABSL_FLAG(std::string, shared_memory, "", "load: hidden rows (and full logits) through a registered region: system | cuda (default: on the wire)");
 ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent before the run");
 
@@ -377,7 +379,7 @@ int RunLoadCommand() {
   const std::string lane = absl::GetFlag(FLAGS_lane);
   if (lane != "shm" && lane != "off") return Usage(absl::StrCat("--lane=", lane, ": want shm or off"));
   lo.lane = lane == "shm";
-  lo.lane_spin_ns = absl::GetFlag(FLAGS_lane_spin_us) * 1000;
+  lo.lane_spin_ns = absl::GetFlag(FLAGS_lane_spin_us) < 0 ? -1 : absl::GetFlag(FLAGS_lane_spin_us) * 1000;
   lo.client.lane = LaneMode::kOff;  // the gRPC runs stay gRPC; --lane=shm asks for the lane itself
   const std::string client_api = absl::GetFlag(FLAGS_client_api);
   if (client_api != "callback" && client_api != "blocking")

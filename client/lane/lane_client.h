@@ -25,7 +25,9 @@ enum class LaneMode { kAuto, kOff, kRequired };
 
 struct LaneClientOptions {
   uint32_t depth = 8;
-  int64_t spin_ns = 200000;  // a waiting call spins this long, then sleeps on the doorbell
+  // A waiting call spins this long (ns), then sleeps on the doorbell; -1 (lane::kSpinAuto): for
+  // 1.5x the lane's recent call time, 50 us .. 2 ms (LaneRing::Wait).
+  int64_t spin_ns = -1;
 };
 
 // This host's boot id, compared with ModelInfo.host_id ("same host?").

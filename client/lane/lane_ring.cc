@@ -7,11 +7,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <climits>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/lane/doorbell.h"
 
@@ -22,6 +24,8 @@ LaneError Err(int code, std::string message) { return LaneError{code, std::move(
 constexpr int kDeadlineExceeded = 4, kResourceExhausted = 8, kInternal = 13, kUnavailable = 14;
 constexpr int kInvalidArgument = 3;
 constexpr int64_t kSleepSliceNs = 20'000'000;  // a sleeping waiter checks the server this often
+// kSpinAuto's budget (Wait): before the first answer, and the bounds of 1.5x the recent wait.
+constexpr int64_t kAutoSpinFirstNs = 200'000, kAutoSpinMinNs = 50'000, kAutoSpinMaxNs = 2'000'000;
 
 uint64_t RandomU64() {
   std::random_device rd;
@@ -74,6 +78,7 @@ std::unique_ptr<LaneRing> LaneRing::Create(const LaneRingConfig& config, LaneErr
   }
   std::unique_ptr<LaneRing> r(new LaneRing());
   r->config_ = config;
+  r->max_spinners_ = std::max(1u, std::thread::hardware_concurrency() / 4);
   r->depth_ = PowerOfTwoAtLeast(config.depth);
   r->inline_bytes_ = static_cast<uint32_t>(RoundUp(config.inline_bytes, 64));
   r->geo_ = GeometryFor(r->depth_, r->inline_bytes_);
@@ -236,18 +241,44 @@ bool LaneRing::Done(uint64_t seq) const {
   return completion(seq)->done_seq.load(std::memory_order_acquire) == seq + 1;
 }
 
+int64_t LaneRing::SpinBudgetNs() const {
+  if (config_.spin_ns != kSpinAuto) return std::max<int64_t>(config_.spin_ns, 0);
+  const int64_t recent = recent_wait_ns_.load(std::memory_order_relaxed);
+  return recent == 0 ? kAutoSpinFirstNs : std::clamp(recent + recent / 2, kAutoSpinMinNs, kAutoSpinMaxNs);
+}
+
 LaneError LaneRing::Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out) {
   const LaneCompletion* c = completion(seq);
   auto done = [&] { return c->done_seq.load(std::memory_order_acquire) == seq + 1; };
-  const int64_t spin_until = MonotonicNanos() + config_.spin_ns;
+  const int64_t start = MonotonicNanos();
+  const int64_t budget = SpinBudgetNs();
+  // A spinner's place, given back when it stops spinning (answer seen, or gone to sleep).
+  bool spinner = budget > 0 && spinners_.fetch_add(1, std::memory_order_relaxed) < max_spinners_;
+  if (budget > 0 && !spinner) spinners_.fetch_sub(1, std::memory_order_relaxed);
+  auto stop_spinning = [&] {
+    if (spinner) spinners_.fetch_sub(1, std::memory_order_relaxed);
+    spinner = false;
+  };
+  const int64_t spin_until = spinner ? start + budget : start;
+  auto answered = [&](std::atomic<uint64_t>& how) {
+    stop_spinning();
+    how.fetch_add(1, std::memory_order_relaxed);
+    // The average kSpinAuto spins for: this wait's length, a sleeper's wake-up included.
+    const int64_t took = MonotonicNanos() - start;
+    const int64_t recent = recent_wait_ns_.load(std::memory_order_relaxed);
+    recent_wait_ns_.store(recent == 0 ? took : recent + (took - recent) / 8, std::memory_order_relaxed);
+    *out = c;
+    return LaneError{};
+  };
   uint32_t polls = 0;
   while (!done()) {
-    const int64_t now = (++polls & 63) == 0 || config_.spin_ns == 0 ? MonotonicNanos() : 0;
+    const int64_t now = (++polls & 63) == 0 || !spinner ? MonotonicNanos() : 0;
     if (now == 0) {
       CpuRelax();
       continue;
     }
     if (now < spin_until) continue;
+    stop_spinning();
     LaneError s = CheckServer();
     if (!s.ok()) {
       Abandon(seq);
@@ -261,15 +292,9 @@ LaneError LaneRing::Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion
     hdr_->client_sleeping.fetch_add(1, std::memory_order_seq_cst);
     if (!done()) FutexWait(&hdr_->cq_count, seen, std::min(deadline_ns - now, kSleepSliceNs));
     hdr_->client_sleeping.fetch_sub(1, std::memory_order_relaxed);
-    if (done()) {
-      sleep_waits_.fetch_add(1, std::memory_order_relaxed);
-      *out = c;
-      return {};
-    }
+    if (done()) return answered(sleep_waits_);
   }
-  spin_waits_.fetch_add(1, std::memory_order_relaxed);
-  *out = c;
-  return {};
+  return answered(spin_waits_);
 }
 
 uint64_t LaneRing::fence_offset(uint64_t seq) const {

@@ -29,12 +29,15 @@
 
 namespace drafthead::lane {
 
+// LaneRingConfig::spin_ns: spin for the ring's recent call time (see Wait) instead of a fixed budget.
+inline constexpr int64_t kSpinAuto = -1;
+
 struct LaneRingConfig {
   uint32_t depth = 8;               // slots (rounded up to a power of two)
   uint32_t inline_bytes = 1 << 16;  // inline token answers per slot (rounded up to 64)
   uint64_t hidden_slot_bytes = 0;   // arena: hidden rows per slot (0: no arena)
   uint64_t output_slot_bytes = 0;   // arena: outputs per slot
-  int64_t spin_ns = 200000;         // a waiting caller spins this long before sleeping
+  int64_t spin_ns = kSpinAuto;      // a waiting caller spins this long (ns) before sleeping, or kSpinAuto
 };
 
 struct LaneError {
@@ -99,7 +102,15 @@ class LaneRing {
   // publishes a descriptor the server refuses at once (no hidden slice) and abandons the slot, so the ring
   // goes on (sq_tail moves past seq; the slot is reclaimed once the refusal is written).
   void Cancel(uint64_t seq);
-  // Waits for seq's completion. On OK, *out points at it until Release(seq).
+  // Waits for seq's completion. On OK, *out points at it until Release(seq). The caller spins
+  // first, then sleeps on the doorbell: for spin_ns, or with kSpinAuto for 1.5x the ring's recent
+  // wait (an average over the last ~8 answers; 200 us before the first), within 50 us .. 2 ms, so
+  // that a steady caller's answers find it spinning (a wake-up costs tens of us on a VM). At most
+  // max(1, hardware threads / 4) waiters of one ring spin at once; the others sleep at once (more
+  // spinners than cores would take the server's core).
+  uint32_t max_spinners() const { return max_spinners_; }
+  // The budget the next Wait spins for (ns).
+  int64_t SpinBudgetNs() const;
   LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
   void Release(uint64_t seq);
   // Wait without blocking: true once seq's answer is there.
@@ -146,6 +157,9 @@ class LaneRing {
   std::set<uint64_t> filled_;  // published out of order, waiting for an earlier seq
   uint64_t published_ = 0;     // sq_tail's value
   std::atomic<uint64_t> spin_waits_{0}, sleep_waits_{0};
+  std::atomic<int64_t> recent_wait_ns_{0};  // kSpinAuto's average (0: none yet)
+  std::atomic<uint32_t> spinners_{0};
+  uint32_t max_spinners_ = 1;
 };
 
 }  // namespace drafthead::lane
