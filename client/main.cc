@@ -88,8 +88,8 @@ ABSL_FLAG(bool, quiet, false, "load: no text summary on stdout");
 ABSL_FLAG(std::string, lane, "off", "load: shm: a same-host lane (shared-memory rings, docs/lane.md; the server needs --lanes) instead of gRPC calls | off");
 ABSL_FLAG(std::string, client_api, "callback", "load: callback (gRPC's callback API, every answer handed to a pool thread) | blocking (the client library's blocking call on a thread per in-flight call: what a C++ caller that waits sees; closed loop, unary)");
 ABSL_FLAG(int64_t, lane_spin_us, -1,
-          "load --lane=shm: a waiting call spins this long before sleeping on the doorbell; -1: 1.5x "
-          "the lane's recent call time, 50 us .. 2 ms");
+          "load --lane=shm: a waiting call spins this long before sleeping on the doorbell; -1: the "
+          "lane's own budget (docs/lane.md: 1.5x the recent time of calls alone in flight, 50 us .. 2 ms)");
 ABSL_FLAG(std::string, shared_memory, "", "load: hidden rows (and full logits) through a registered region: system | cuda (default: on the wire)");
 ABSL_FLAG(bool, no_probe, false, "load: skip the single checked request sent before the run");
 

@@ -17,6 +17,7 @@ namespace {
 struct Outcome {
   uint64_t slept = 0;        // waits of the last calls - warmup calls that found the answer asleep
   int64_t budget_after = 0;  // SpinBudgetNs() after the calls
+  int64_t budget_crowded = 0;  // SpinBudgetNs(false): a submission among others
 };
 
 // `calls` calls, each answered at least `delay` after its publication (0: before its wait).
@@ -61,7 +62,7 @@ Outcome Calls(int64_t spin_ns, std::chrono::microseconds delay, int calls, int w
     ring->Release(seq);
   }
   EXPECT_EQ(ring->spin_waits() + ring->sleep_waits(), static_cast<uint64_t>(calls));
-  return {ring->sleep_waits() - slept_before, ring->SpinBudgetNs()};
+  return {ring->sleep_waits() - slept_before, ring->SpinBudgetNs(), ring->SpinBudgetNs(false)};
 }
 
 // Answers that take longer than a fixed 200 us budget (the old default) find the caller asleep
@@ -77,6 +78,7 @@ TEST(LaneRingWait, TheAutomaticBudgetLearnsTheCallsLength) {
   const Outcome automatic = Calls(kSpinAuto, delay, 30, 3);
   EXPECT_GE(automatic.budget_after, 1'050'000);
   EXPECT_LE(automatic.budget_after, 2'000'000);
+  EXPECT_EQ(automatic.budget_crowded, 200'000) << "a submission among others must not spin through their queue";
   std::printf("answers found asleep of 27: fixed 200 us %llu, automatic %llu\n",
               static_cast<unsigned long long>(fixed.slept), static_cast<unsigned long long>(automatic.slept));
 }

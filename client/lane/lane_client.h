@@ -26,7 +26,8 @@ enum class LaneMode { kAuto, kOff, kRequired };
 struct LaneClientOptions {
   uint32_t depth = 8;
   // A waiting call spins this long (ns), then sleeps on the doorbell; -1 (lane::kSpinAuto): for
-  // 1.5x the lane's recent call time, 50 us .. 2 ms (LaneRing::Wait).
+  // 1.5x the lane's recent call time when it is the only call in flight, 50 us .. 2 ms; else
+  // 200 us (LaneRing::Wait).
   int64_t spin_ns = -1;
 };
 

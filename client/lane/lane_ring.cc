@@ -13,7 +13,6 @@
 #include <climits>
 #include <cstring>
 #include <random>
-#include <thread>
 
 #include "common/lane/doorbell.h"
 
@@ -78,7 +77,6 @@ std::unique_ptr<LaneRing> LaneRing::Create(const LaneRingConfig& config, LaneErr
   }
   std::unique_ptr<LaneRing> r(new LaneRing());
   r->config_ = config;
-  r->max_spinners_ = std::max(1u, std::thread::hardware_concurrency() / 4);
   r->depth_ = PowerOfTwoAtLeast(config.depth);
   r->inline_bytes_ = static_cast<uint32_t>(RoundUp(config.inline_bytes, 64));
   r->geo_ = GeometryFor(r->depth_, r->inline_bytes_);
@@ -158,6 +156,7 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq) {
     if (state_[slot] == kAbandoned && Done(slot_seq_[slot])) state_[slot] = kFree;
     if (state_[slot] == kFree) {
       state_[slot] = kBusy;
+      busy_.fetch_add(1, std::memory_order_relaxed);
       slot_seq_[slot] = n;
       ++next_seq_;
       *seq = n;
@@ -241,44 +240,43 @@ bool LaneRing::Done(uint64_t seq) const {
   return completion(seq)->done_seq.load(std::memory_order_acquire) == seq + 1;
 }
 
-int64_t LaneRing::SpinBudgetNs() const {
+int64_t LaneRing::SpinBudgetNs(bool alone) const {
   if (config_.spin_ns != kSpinAuto) return std::max<int64_t>(config_.spin_ns, 0);
   const int64_t recent = recent_wait_ns_.load(std::memory_order_relaxed);
-  return recent == 0 ? kAutoSpinFirstNs : std::clamp(recent + recent / 2, kAutoSpinMinNs, kAutoSpinMaxNs);
+  if (recent == 0 || !alone) return kAutoSpinFirstNs;
+  return std::clamp(recent + recent / 2, kAutoSpinMinNs, kAutoSpinMaxNs);
 }
 
 LaneError LaneRing::Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out) {
   const LaneCompletion* c = completion(seq);
   auto done = [&] { return c->done_seq.load(std::memory_order_acquire) == seq + 1; };
   const int64_t start = MonotonicNanos();
-  const int64_t budget = SpinBudgetNs();
-  // A spinner's place, given back when it stops spinning (answer seen, or gone to sleep).
-  bool spinner = budget > 0 && spinners_.fetch_add(1, std::memory_order_relaxed) < max_spinners_;
-  if (budget > 0 && !spinner) spinners_.fetch_sub(1, std::memory_order_relaxed);
-  auto stop_spinning = [&] {
-    if (spinner) spinners_.fetch_sub(1, std::memory_order_relaxed);
-    spinner = false;
-  };
-  const int64_t spin_until = spinner ? start + budget : start;
+  // A submission alone in its ring waits for the server's answer time; with others it also queues
+  // behind them, and spinning through that would take the cores the answers need.
+  const bool alone = busy_.load(std::memory_order_relaxed) <= 1;
+  const int64_t budget = SpinBudgetNs(alone);
+  bool spinning = budget > 0;
+  const int64_t spin_until = start + budget;
   auto answered = [&](std::atomic<uint64_t>& how) {
-    stop_spinning();
     how.fetch_add(1, std::memory_order_relaxed);
-    // The average kSpinAuto spins for: this wait's length, a sleeper's wake-up included.
-    const int64_t took = MonotonicNanos() - start;
-    const int64_t recent = recent_wait_ns_.load(std::memory_order_relaxed);
-    recent_wait_ns_.store(recent == 0 ? took : recent + (took - recent) / 8, std::memory_order_relaxed);
+    // The average kSpinAuto spins for: the length of waits alone, a sleeper's wake-up included.
+    if (alone) {
+      const int64_t took = MonotonicNanos() - start;
+      const int64_t recent = recent_wait_ns_.load(std::memory_order_relaxed);
+      recent_wait_ns_.store(recent == 0 ? took : recent + (took - recent) / 8, std::memory_order_relaxed);
+    }
     *out = c;
     return LaneError{};
   };
   uint32_t polls = 0;
   while (!done()) {
-    const int64_t now = (++polls & 63) == 0 || !spinner ? MonotonicNanos() : 0;
+    const int64_t now = (++polls & 63) == 0 || !spinning ? MonotonicNanos() : 0;
     if (now == 0) {
       CpuRelax();
       continue;
     }
     if (now < spin_until) continue;
-    stop_spinning();
+    spinning = false;
     LaneError s = CheckServer();
     if (!s.ok()) {
       Abandon(seq);
@@ -324,13 +322,17 @@ void LaneRing::FailOutstanding(const LaneError& why) {
 void LaneRing::Abandon(uint64_t seq) {
   std::lock_guard<std::mutex> l(mu_);
   const uint32_t slot = static_cast<uint32_t>(seq % depth_);
-  if (state_[slot] == kBusy && slot_seq_[slot] == seq) state_[slot] = kAbandoned;
+  if (state_[slot] == kBusy && slot_seq_[slot] == seq) {
+    state_[slot] = kAbandoned;
+    busy_.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 void LaneRing::Release(uint64_t seq) {
   {
     std::lock_guard<std::mutex> l(mu_);
     const uint32_t slot = static_cast<uint32_t>(seq % depth_);
+    if (slot_seq_[slot] == seq && state_[slot] == kBusy) busy_.fetch_sub(1, std::memory_order_relaxed);
     if (slot_seq_[slot] == seq) state_[slot] = kFree;
   }
   slot_freed_.notify_one();

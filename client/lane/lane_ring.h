@@ -103,14 +103,13 @@ class LaneRing {
   // goes on (sq_tail moves past seq; the slot is reclaimed once the refusal is written).
   void Cancel(uint64_t seq);
   // Waits for seq's completion. On OK, *out points at it until Release(seq). The caller spins
-  // first, then sleeps on the doorbell: for spin_ns, or with kSpinAuto for 1.5x the ring's recent
-  // wait (an average over the last ~8 answers; 200 us before the first), within 50 us .. 2 ms, so
-  // that a steady caller's answers find it spinning (a wake-up costs tens of us on a VM). At most
-  // max(1, hardware threads / 4) waiters of one ring spin at once; the others sleep at once (more
-  // spinners than cores would take the server's core).
-  uint32_t max_spinners() const { return max_spinners_; }
-  // The budget the next Wait spins for (ns).
-  int64_t SpinBudgetNs() const;
+  // first, then sleeps on the doorbell: for spin_ns, or with kSpinAuto, when seq is the ring's
+  // only submission in flight, for 1.5x the recent waits of such lone submissions (an average over
+  // ~8; within 50 us .. 2 ms), so that a one-at-a-time caller's answers find it spinning (a
+  // wake-up costs tens of us on a VM), else 200 us (a submission among others also queues behind
+  // them: spinning through the queue would take the cores the answers need).
+  // The budget a Wait spins for (ns), alone in the ring or not.
+  int64_t SpinBudgetNs(bool alone = true) const;
   LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
   void Release(uint64_t seq);
   // Wait without blocking: true once seq's answer is there.
@@ -158,8 +157,7 @@ class LaneRing {
   uint64_t published_ = 0;     // sq_tail's value
   std::atomic<uint64_t> spin_waits_{0}, sleep_waits_{0};
   std::atomic<int64_t> recent_wait_ns_{0};  // kSpinAuto's average (0: none yet)
-  std::atomic<uint32_t> spinners_{0};
-  uint32_t max_spinners_ = 1;
+  std::atomic<uint32_t> busy_{0};  // reserved slots not yet released or abandoned
 };
 
 }  // namespace drafthead::lane

@@ -151,8 +151,9 @@ class Lane:
                  depth: int = 8, spin_us: Optional[int] = None, cuda_device: Any = None):
         """cuda_device (a torch device): also give the lane arenas on that GPU, registered as CUDA
         regions, so that torch CUDA tensors go in and come out without leaving it (call_cuda).
-        spin_us: how long a waiting call spins before it sleeps on the doorbell; None: 1.5x the
-        lane's recent call time, within 50 us .. 2 ms (docs/lane.md)."""
+        spin_us: how long a waiting call spins before it sleeps on the doorbell; None: when it is the
+        lane's only call in flight 1.5x the recent such calls' time, within 50 us .. 2 ms, else
+        200 us (docs/lane.md)."""
         if info.lanes == 0:
             raise LaneUnavailable("FAILED_PRECONDITION", "the server offers no lanes (started without --lanes)")
         if not info.host_id or info.host_id != local_host_id():
