@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/head_gemv.cuh"
 #include "kernels/numeric.h"
 
@@ -225,8 +226,8 @@ __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) 
   // Whole-x mode: x is issued first but waited for only after the first weight loads are in
   // flight (they do not depend on it).
   if constexpr (PDL) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (!single) asm volatile("griddepcontrol.wait;" ::: "memory");
+    LetDependentsLaunch();
+    if (!single) WaitForPrerequisites();
   }
   if (single && !PDL) LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
   bool x_ready = !single;
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) 
     for (int d = 0; d < D; ++d) load(s_begin + d, d);
     if (!x_ready) {  // every warp of the CTA runs its first round, so all reach this barrier
       if constexpr (PDL) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
+        WaitForPrerequisites();
         LoadXChunk<MT, kThreads>(a, smem, 0, a.steps);
       }
       CpAsyncWait<0>();
@@ -512,17 +513,7 @@ cudaError_t LaunchFast(const uint16_t* x, int m, int64_t k, const uint8_t* codes
   const int64_t ctas = (nblk + kUnits - 1) / kUnits;
   const int grid = static_cast<int>(std::min<int64_t>(C::BAL ? nblk : ctas, sms));
   if constexpr (PDL) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(W * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    DH_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+    DH_CUDA_TRY(LaunchDependent(kernel, dim3(grid), dim3(W * 32), smem, stream, a));
   } else {
     kernel<<<grid, W * 32, smem, stream>>>(a);
   }

@@ -25,6 +25,8 @@
 
 #include <cudaTypedefs.h>
 
+#include "kernels/cuda/dependent_launch.cuh"
+
 namespace drafthead::cuda {
 namespace {
 
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (PDL) LetDependentsLaunch();
 
   if (warp == kRingConsumers) {  // producer: one thread issues every stage
     if (lane != 0) return;
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
   }
 
   // Consumers: x into shared memory, permuted within each 128-column group (see the top).
-  if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if constexpr (PDL) WaitForPrerequisites();
   {
     const int pieces = a.kstages * 16;  // 16-byte pieces (8 columns) per row
     for (int i = threadIdx.x; i < MT * 8 * pieces; i += kRingConsumers * 32) {
