@@ -379,7 +379,8 @@ int RunLoadCommand() {
   const std::string lane = absl::GetFlag(FLAGS_lane);
   if (lane != "shm" && lane != "off") return Usage(absl::StrCat("--lane=", lane, ": want shm or off"));
   lo.lane = lane == "shm";
-  lo.lane_spin_ns = absl::GetFlag(FLAGS_lane_spin_us) < 0 ? -1 : absl::GetFlag(FLAGS_lane_spin_us) * 1000;
+  const int64_t lane_spin_us = absl::GetFlag(FLAGS_lane_spin_us);
+  lo.lane_spin_ns = lane_spin_us < 0 ? -1 : lane_spin_us * 1000;
   lo.client.lane = LaneMode::kOff;  // the gRPC runs stay gRPC; --lane=shm asks for the lane itself
   const std::string client_api = absl::GetFlag(FLAGS_client_api);
   if (client_api != "callback" && client_api != "blocking")

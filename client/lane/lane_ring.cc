@@ -332,8 +332,10 @@ void LaneRing::Release(uint64_t seq) {
   {
     std::lock_guard<std::mutex> l(mu_);
     const uint32_t slot = static_cast<uint32_t>(seq % depth_);
-    if (slot_seq_[slot] == seq && state_[slot] == kBusy) busy_.fetch_sub(1, std::memory_order_relaxed);
-    if (slot_seq_[slot] == seq) state_[slot] = kFree;
+    if (slot_seq_[slot] == seq) {
+      if (state_[slot] == kBusy) busy_.fetch_sub(1, std::memory_order_relaxed);
+      state_[slot] = kFree;
+    }
   }
   slot_freed_.notify_one();
 }

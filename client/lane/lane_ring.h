@@ -108,9 +108,9 @@ class LaneRing {
   // ~8; within 50 us .. 2 ms), so that a one-at-a-time caller's answers find it spinning (a
   // wake-up costs tens of us on a VM), else 200 us (a submission among others also queues behind
   // them: spinning through the queue would take the cores the answers need).
+  LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
   // The budget a Wait spins for (ns), alone in the ring or not.
   int64_t SpinBudgetNs(bool alone = true) const;
-  LaneError Wait(uint64_t seq, int64_t deadline_ns, const LaneCompletion** out);
   void Release(uint64_t seq);
   // Wait without blocking: true once seq's answer is there.
   bool Done(uint64_t seq) const;

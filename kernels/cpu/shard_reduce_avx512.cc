@@ -5,13 +5,6 @@
 // its Taylor series to r^13 (truncation < 1e-17 relative), times 2^n by vscalefpd (exact, and
 // underflowing to 0 below 2^-1074). Within ~2 ulp of libm's exp; the partial sums are 8 lanes
 // added at the end, so sum_exp may differ from the portable loop's in its last bit.
-// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which it then reports
-// as used uninitialized once inlined (GCC bug 105593, fixed in 13): not this file's values.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +12,7 @@
 #include <limits>
 
 #include "kernels/cpu/shard_reduce.h"
+#include "kernels/cpu/x86_intrinsics.h"
 
 namespace drafthead::cpu::internal {
 namespace {

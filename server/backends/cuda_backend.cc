@@ -484,7 +484,7 @@ class CudaBackend : public ComputeBackend {
   // Every value a step's kernels read that changes between steps of one shape (x, the row
   // descriptors) lies in dstage_, uploaded by the graph's own H2D node (x there already: from the
   // descriptors on); the rest is fixed per shape: the row count, the epilogue's kernels
-  // (EpilogueLaunches), the bytes copied back (< 2^37), whether x is uploaded, and the slot (its
+  // (EpilogueLaunches), the bytes copied back (< 2^36), whether x is uploaded, and the slot (its
   // events and the D2H's or the epilogue's host target), whether the epilogue writes to the host.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;

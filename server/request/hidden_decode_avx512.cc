@@ -1,13 +1,7 @@
 // hidden_decode.h's AVX-512 (F + BW) versions, built with those flags (CMakeLists.txt) and called
 // only where the CPU has them. 16 fp32 or 32 bf16 values per step, the tail masked.
-// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which it then reports
-// as used uninitialized once inlined (GCC bug 105593, fixed in 13): not this file's values.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
+#include "kernels/cpu/x86_intrinsics.h"
 #include "server/request/hidden_decode.h"
 
 namespace drafthead::hidden {
