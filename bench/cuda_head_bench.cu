@@ -5,6 +5,7 @@
 // Each launch reads a different copy of the weights than the one before (several copies, > 4x the
 // L2), so no launch finds its weights in L2. Times are per launch, launched back to back.
 // Usage: drafthead-bench-cuda [--iters=N] [--quick] [--ms=1,64] [--ns=32320] [--no-epilogue]
+//                             [--variants=770,800] (the variant columns; default: all)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   bool quick = false, epilogue = true;
   std::vector<int> ms = {1, 2, 4, 5, 8, 16, 32, 64};
   std::vector<int64_t> ns = {32320, 129280};
+  std::vector<int64_t> variants;  // the variant columns to time (--variants=770,800; default: all)
   auto parse_list = [](const char* s) {
     std::vector<int64_t> v;
     for (char* e; *s; s = *e ? e + 1 : e) v.push_back(std::strtoll(s, &e, 10));
@@ -113,6 +115,7 @@ int main(int argc, char** argv) {
       for (int64_t v : parse_list(argv[i] + 5)) ms.push_back(static_cast<int>(v));
     }
     if (!std::strncmp(argv[i], "--ns=", 5)) ns = parse_list(argv[i] + 5);
+    if (!std::strncmp(argv[i], "--variants=", 11)) variants = parse_list(argv[i] + 11);
   }
   int dev = 0;
   CK(cudaSetDevice(dev));
@@ -184,10 +187,16 @@ int main(int argc, char** argv) {
       int variant;
       int max_m;
     };
-    const std::vector<Col> cols = {
-        {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
-        {"fp8 again", 770, 64},  {"fp8+pdl", 771, 64},          {"fp8 balanced", 780, 16},
-        {"fp8 dl4", 774, 64}};
+    // Issue 23's wgmma kernels (M > 16, then every M): 800 (depth 2), 801 (+PDL), 804 (depth 4),
+    // 810 / 814 (every M on wgmma, depth 2 / 4).
+    std::vector<Col> cols;
+    for (const Col& c : std::vector<Col>{
+             {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
+             {"fp8 again", 770, 64},  {"fp8+pdl", 771, 64},          {"fp8 balanced", 780, 16},
+             {"fp8 dl4", 774, 64},    {"wgmma", 800, 64},            {"wgmma+pdl", 801, 64},
+             {"wgmma d4", 804, 64},   {"wgmma all", 810, 64},        {"wgmma all d4", 814, 64}})
+      if (variants.empty() || std::find(variants.begin(), variants.end(), c.variant) != variants.end())
+        cols.push_back(c);
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);
     std::printf(" best variant %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");

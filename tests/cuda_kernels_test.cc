@@ -487,6 +487,45 @@ TEST(CudaGemvShapes, FragmentOrderOddShapes) {
   }
 }
 
+// Issue 23's wgmma kernels (head_gemv_wgmma.cuh; experimental): every M above 16 on the real
+// shard (800: mma.sync up to 16 rows, wgmma above), every M on it for the all-wgmma dispatch (810),
+// each variant on the full vocabulary and on CTAs with fewer units than warps (n = 1000, 17).
+TEST_F(CudaGemv, WgmmaVariantsAreCorrect) {
+  DH_SKIP_WITHOUT_GPU();
+  double worst = 0;
+  for (int m = 17; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 800, &worst);
+  for (int m = 1; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 810, &worst);
+  for (int v : {800, 801, 804, 810, 814})
+    for (int m : {1, 8, 9, 16, 17, 32, 33, 64})
+      for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
+        CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);
+  std::printf("wgmma: worst |err|/sum|xw| %.3g\n", worst);
+}
+
+// A row alone and inside batches of every bucket, bit for bit: within the wgmma kernels (810),
+// and across mma.sync (M <= 16) and wgmma (M > 16) in one dispatch (800).
+TEST_F(CudaGemv, WgmmaRowsAreBatchInvariant) {
+  DH_SKIP_WITHOUT_GPU();
+  ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 810);
+  ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 800);
+}
+
+// Odd shapes, x in chunks (k = 12288: 192 steps) and subnormal-heavy rows through the wgmma path.
+TEST(CudaGemvShapes, WgmmaOddShapes) {
+  DH_SKIP_WITHOUT_GPU();
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 32}, {33, 96}, {1000, 160}, {517, 5120}, {70, 2080}, {4096, 12288}}) {
+    auto s = MakeShard(n, k, 700 + n);
+    const auto x = MakeHidden(64, k, 23 + n);
+    DeviceBuffer<uint16_t> dx(x.size());
+    DH_CU(dx.Upload(x));
+    const auto ref = ComputeReference(x, 64, k, s->hcodes.data(), s->hexps.data(), nullptr, n);
+    for (int v : {800, 810})
+      for (int m : {1, 9, 16, 17, 40, 64}) CheckGemv(*s, dx, ref, n, m, n, v, nullptr);
+    ExpectRowsBatchInvariant(dx, k, *s, n, 810);
+  }
+}
+
 TEST(CudaGemvShapes, TmaRingOddShapes) {
   DH_SKIP_WITHOUT_GPU();
   for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
@@ -558,6 +597,7 @@ TEST(CudaGemvShapes, SubnormalCodesAreExact) {
     CheckGemv(s, dx, ref, n, m, n, 100, nullptr);  // f16-convert route
   }
   for (int m : {1, 16}) CheckGemv(s, dx, ref, n, m, n, 508, nullptr);  // TMA ring, smem dequant
+  for (int m : {1, 17, 64}) CheckGemv(s, dx, ref, n, m, n, 810, nullptr);  // wgmma
   for (int m : {1, 16, 64}) CheckGemv(s, dx, ref, n, m, n, 4, nullptr);  // the row-major kernel
 }
 

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/head_gemv_kernel.cuh"
 #include "kernels/cuda/experimental/head_gemv_ring.cuh"
+#include "kernels/cuda/experimental/head_gemv_wgmma.cuh"
 
 namespace drafthead::cuda {
 namespace {
@@ -61,7 +62,7 @@ cudaError_t Ring(const uint16_t* x, int m, int64_t k, const uint8_t* codes, cons
 
 }  // namespace
 
-bool HeadGemvFp8VariantTakesPackedCodes(int variant) { return variant >= 700 && variant < 800; }
+bool HeadGemvFp8VariantTakesPackedCodes(int variant) { return variant >= 700 && variant < 900; }
 
 cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_t* codes,
                                const uint8_t* exps, int64_t n, float* y, int64_t ldy, int variant,
@@ -98,6 +99,11 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 771: return DispatchPacked<2, 2, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 773: return DispatchPacked<2, 2, false, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 774: return DispatchPacked<2, 4>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 800: return DispatchWgmma<2, false, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 801: return DispatchWgmma<2, true, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 804: return DispatchWgmma<4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 810: return DispatchWgmma<2, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 814: return DispatchWgmma<4, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);

@@ -29,7 +29,10 @@ namespace drafthead::cuda {
 // warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the production dispatch
 // (DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
 // M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
-// on every SM (GemvConfig's BAL; M <= 16). Every packed kernel adds K in the same two halves.
+// on every SM (GemvConfig's BAL; M <= 16). Issue 23, wgmma (head_gemv_wgmma.cuh, packed codes):
+// 800 = the production dispatch for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
+// PDL, 804 = 800 at depth 4; 810 / 814 = wgmma for every M (N = 8, 16, 32, 64) at depth 2 / 4.
+// Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 // Whether `variant` reads the codes in fragment order (PackFp8Codes's output) rather than row-major.
 bool HeadGemvFp8VariantTakesPackedCodes(int variant);
