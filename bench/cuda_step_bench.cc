@@ -82,6 +82,7 @@ struct Variant {
   const char* label;
   bool graphs, upload_kernel, timing_off_path;
   size_t direct_max;
+  int carveout = -1;  // BackendOptions::cuda_smem_carveout
 };
 
 BatchControl Control(const Point& p) {
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
       {"upload kernel, events off chain, D2H", true, true, true, 0},
       {"upload kernel, events off chain, direct (default)", true, true, true, 64 * 1024},
       {"default, no graphs", false, true, true, 64 * 1024},
+      {"default, carveout max shared", true, true, true, 64 * 1024, 100},
   };
   // Every variant's backend loaded at once; each point alternates them in rounds (so drift in
   // the machine's speed falls on all alike).
@@ -216,6 +218,7 @@ int main(int argc, char** argv) {
     o.cuda_upload_by_kernel = v.upload_kernel;
     o.cuda_timing_off_path = v.timing_off_path;
     o.cuda_direct_payload_max = v.direct_max;
+    o.cuda_smem_carveout = v.carveout;
     auto be = MakeCudaBackend(o, 0);
     if (!be.ok()) {
       std::fprintf(stderr, "backend: %s\n", std::string(be.status().message()).c_str());

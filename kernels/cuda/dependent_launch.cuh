@@ -12,6 +12,8 @@
 
 #include <utility>
 
+#include "kernels/cuda/launch_carveout.h"
+
 namespace drafthead::cuda {
 
 __device__ __forceinline__ void WaitForPrerequisites() {
@@ -23,20 +25,35 @@ __device__ __forceinline__ void LetDependentsLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// cudaLaunchKernelEx with programmatic stream serialization (PDL) when `programmatic`, and the
+// thread's carveout when one is set.
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, bool programmatic, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (t_shared_carveout >= 0) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = static_cast<unsigned>(t_shared_carveout);
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  return LaunchKernel(kernel, grid, block, smem, stream, true, std::forward<Args>(args)...);
 }
 
 }  // namespace drafthead::cuda

@@ -36,9 +36,8 @@ cudaError_t CopyFromPinnedHost(void* dst, const void* src, size_t bytes, cudaStr
   // Enough threads that each reads a piece or two: the copy is latency-bound (a PCIe round trip
   // a load), so parallel loads, not bandwidth, set its time.
   const size_t blocks = std::clamp<size_t>((pieces + kCopyThreads - 1) / kCopyThreads, 1, 1024);
-  CopyKernel<<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
-      static_cast<uint4*>(dst), static_cast<const uint4*>(src), pieces, bytes);
-  return cudaGetLastError();
+  return LaunchKernel(CopyKernel, dim3(static_cast<unsigned>(blocks)), dim3(kCopyThreads), 0, stream,
+                      false, static_cast<uint4*>(dst), static_cast<const uint4*>(src), pieces, bytes);
 }
 
 }  // namespace drafthead::cuda

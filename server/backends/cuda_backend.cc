@@ -32,6 +32,7 @@
 #include "kernels/cuda/head_bf16.cuh"
 #include "kernels/cuda/head_gemv.cuh"
 #include "kernels/cuda/host_copy.cuh"
+#include "kernels/cuda/launch_carveout.h"
 #include "kernels/cuda/shard_reduce.cuh"
 #include "kernels/cuda/twin.cuh"
 #include "server/backends/compute_backend.h"
@@ -424,6 +425,7 @@ class CudaBackend : public ComputeBackend {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
     const bool capturing = record_flags_ == cudaEventRecordExternal;
     const bool branch = capturing && opts_.cuda_timing_off_path;
+    const cuda::ScopedSharedCarveout carveout(opts_.cuda_smem_carveout);
     auto stamp = [&](int i) -> absl::Status {
       if (branch && i > 0 && i < 4) {
         DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
