@@ -13,6 +13,8 @@
 #         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
 # mps:    cpp and python again with the CUDA MPS daemon running (server and caller share the GPU).
 # tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
+# spin:   the caller's spin budget over the lane, fixed 200 us vs automatic (--lane-spin-us=200 / -1,
+#         alternating on one server): c=1 M=5 TOP_K k=8 and M=1 ARGMAX (issue 21, session 12's change).
 # Server: tp=1 --comm=nccl, full vocabulary (129280 x 5120), synthetic weights. SECS per point (2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +26,7 @@ rounds=${ROUNDS:-2}
 tmp=$(mktemp -d)
 source bench/serving_lib.sh
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(check cpp python mps tp4)
+[ ${#phases[@]} -eq 0 ] && phases=(check cpp spin python mps tp4)
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 t_start=$SECONDS
 stamp() { echo "[$1 done at +$((SECONDS - t_start)) s]"; }
@@ -76,9 +78,22 @@ server_tp1() {
     --lanes=8 --max-rows=64
 }
 
+spin_table() {  # TITLE
+  echo; echo "### C++ client over the lane, the caller's spin budget, $1"
+  echo "| point | spin budget | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  for r in $(seq "$rounds"); do
+    for spin in 200 -1; do
+      cpp_point "c=1 M=5 TOP_K k=8" "$spin" --lane=shm --lane-spin-us=$spin --rows=5 --mode=topk --k=8
+      cpp_point "c=1 M=1 ARGMAX" "$spin" --lane=shm --lane-spin-us=$spin --rows=1 --mode=argmax
+    done
+  done
+}
+
 run_set() {  # TITLE
   if server_tp1; then
     if want cpp; then cpp_table "tp=1 nccl, full vocabulary, $1"; stamp "cpp $1"; fi
+    if want spin; then spin_table "tp=1 nccl, full vocabulary, $1"; stamp "spin $1"; fi
     if want python; then
       echo
       timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" --seconds=1 \
