@@ -11,6 +11,7 @@
 #         64; GEMV = the server's own Timing.gemv_us p50 of the same point.
 # python: bench/gpu/lane_python_bench.py: torch CUDA in/out, gRPC vs lane vs the in-process original
 #         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
+#         PROFILE=N: then N stream-ordered calls under cProfile (where a call's host time goes).
 # mps:    cpp and python again with the CUDA MPS daemon running (server and caller share the GPU).
 # tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
 # spin:   the caller's spin budget over the lane, fixed 200 us vs automatic (--lane-spin-us=200 / -1,
@@ -97,7 +98,8 @@ run_set() {  # TITLE
     if want python; then
       echo
       timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" --seconds=1 \
-        --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" 2>&1 | tail -12
+        --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
+        | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 60 || echo 12)
       stamp "python $1"
     fi
     unserve

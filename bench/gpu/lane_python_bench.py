@@ -7,12 +7,15 @@ side by side in one run (alternating rounds, median of the round p50s):
 - original: the in-process original (the seed's Triton fp8 kernel over the full vocabulary, then
   torch's topk / argmax), on a twin of random weights of the server's shape (--seed-file).
 Also the host time per call in the stream-ordered mode (wait=False, no synchronise in the timed
-window). Prints Markdown.
+window). Prints Markdown. --profile=N: then N stream-ordered M=5 TOP_K calls under cProfile (a
+synchronise every 8 calls), the 20 largest self times: where the host time of a call goes.
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
 """
 
 import argparse
+import cProfile
+import pstats
 import types
 import statistics
 import time
@@ -53,6 +56,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.5, help="per way, per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default="")
+    ap.add_argument("--profile", type=int, default=0, help="stream-ordered M=5 TOP_K calls to profile")
     args = ap.parse_args()
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
@@ -118,6 +122,19 @@ def main():
         ratio = med["lane"] / med["original"] if original is not None else float("nan")
         print(f"| {label} | {med['grpc']:.0f} | {med['lane']:.0f} | {p(res['lane_all'], 0.99):.0f} | "
               f"{med['original']:.0f} | {ratio:.2f} | {med['nowait']:.0f} |", flush=True)
+    if args.profile > 0:
+        x = torch.randn(5, K, device=dev).to(torch.bfloat16)
+        lane_call(x, "topk")
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(args.profile):
+            lane_call(x, "topk", wait=False)
+            if i % 8 == 7:
+                lane.synchronize()
+        prof.disable()
+        lane.synchronize()
+        print(f"\ncProfile of {args.profile} stream-ordered M=5 TOP_K calls (self time; a synchronise every 8):")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
     lane.close()
     grpc.close()
 
