@@ -188,13 +188,14 @@ int main(int argc, char** argv) {
       int max_m;
     };
     // Issue 23's wgmma kernels (M > 16, then every M): 800 (depth 2), 801 (+PDL), 804 (depth 4),
-    // 810 / 814 (every M on wgmma, depth 2 / 4).
+    // 805 (depth 4, each step waits for its wgmmas), 810 / 814 / 815 (every M on wgmma).
     std::vector<Col> cols;
     for (const Col& c : std::vector<Col>{
              {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
              {"fp8 again", 770, 64},  {"fp8+pdl", 771, 64},          {"fp8 balanced", 780, 16},
              {"fp8 dl4", 774, 64},    {"wgmma", 800, 64},            {"wgmma+pdl", 801, 64},
-             {"wgmma d4", 804, 64},   {"wgmma all", 810, 64},        {"wgmma all d4", 814, 64}})
+             {"wgmma d4", 804, 64},   {"wgmma d4 wait0", 805, 64},   {"wgmma all", 810, 64},
+             {"wgmma all d4", 814, 64}, {"wgmma all d4 wait0", 815, 64}})
       if (variants.empty() || std::find(variants.begin(), variants.end(), c.variant) != variants.end())
         cols.push_back(c);
     std::printf("| M | fp8 us | GB/s | %% of stream |");

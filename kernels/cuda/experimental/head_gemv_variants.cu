@@ -102,8 +102,10 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 800: return DispatchWgmma<2, false, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 801: return DispatchWgmma<2, true, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 804: return DispatchWgmma<4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 805: return DispatchWgmma<4, false, false, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 810: return DispatchWgmma<2, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 814: return DispatchWgmma<4, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 815: return DispatchWgmma<4, false, true, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);

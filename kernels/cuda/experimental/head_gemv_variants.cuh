@@ -31,7 +31,8 @@ namespace drafthead::cuda {
 // M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
 // on every SM (GemvConfig's BAL; M <= 16). Issue 23, wgmma (head_gemv_wgmma.cuh, packed codes):
 // 800 = the production dispatch for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
-// PDL, 804 = 800 at depth 4; 810 / 814 = wgmma for every M (N = 8, 16, 32, 64) at depth 2 / 4.
+// PDL, 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
+// registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805.
 // Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 // Whether `variant` reads the codes in fragment order (PackFp8Codes's output) rather than row-major.

@@ -145,8 +145,10 @@ __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int 
 }
 
 // NB: N / 8 (batch rows padded to N); D: register pipeline depth of the weight loads (as in
-// GemvFp8Kernel); PDL: programmatic dependent launch (the first weight loads before the wait).
-template <int NB, int D, bool PDL>
+// GemvFp8Kernel); PDL: programmatic dependent launch (the first weight loads before the wait);
+// OVERLAP: a step's wgmmas run while the next step dequantizes (two sets of A registers live), else
+// each step waits for its own (one set: registers for D = 4).
+template <int NB, int D, bool PDL, bool OVERLAP = true>
 __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const GemvArgs a) {
   constexpr int N = NB * 8, kAcc = N / 2, RT = 2;
   static_assert(kPackStepAlign / 2 % D == 0, "each half of the padded steps a whole number of rounds");
@@ -264,7 +266,11 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
                           af[2 * T + 1][2 * j + 1], desc);
         }
         WgmmaCommit();
-        WgmmaWait<1>();  // the previous step's wgmmas are done with their A registers
+        if constexpr (OVERLAP) {
+          WgmmaWait<1>();  // the previous step's wgmmas are done with their A registers
+        } else {
+          WgmmaWait<0>();
+        }
       }
     }
     WgmmaWait<0>();
@@ -276,10 +282,10 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
 }
 
 // m <= 64 rows in one launch: N = the smallest of 8, 16, 32, 64 that holds m; 1 CTA an SM.
-template <int NB, int D, bool PDL>
+template <int NB, int D, bool PDL, bool OVERLAP>
 cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                         int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL>;
+  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL, OVERLAP>;
   static std::atomic<uint64_t> prepared{0};
   int sms = 0;
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
@@ -305,14 +311,14 @@ cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* code
 }
 
 // SMALL: buckets 1-2 (m <= 16) on wgmma too (N = 8 / 16), else on the production mma.sync kernel.
-template <int D, bool PDL, bool SMALL>
+template <int D, bool PDL, bool SMALL, bool OVERLAP = true>
 cudaError_t DispatchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (m <= 16 && !SMALL) return DispatchPacked<2, 2, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 8) return LaunchWgmma<1, D, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 16) return LaunchWgmma<2, D, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 32) return LaunchWgmma<4, D, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 64) return LaunchWgmma<8, D, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 8) return LaunchWgmma<1, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 16) return LaunchWgmma<2, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 32) return LaunchWgmma<4, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
   return cudaErrorInvalidValue;
 }
 
