@@ -155,6 +155,33 @@ class ClientLaneTest(RealServerTestCase):
         ring_calls = self.lane.lane()
         self.assertIsNotNone(ring_calls)
 
+    def test_out_arrays_are_filled_and_returned(self):
+        # out= (torch's convention): the caller's arrays of the result's types and sizes, any shape,
+        # filled and returned, over the lane and over gRPC alike; a wrong one is refused by name.
+        rng = np.random.default_rng(9)
+        x = bf16_bits(rng.standard_normal((6, K)).astype(np.float32))
+        for head in (self.lane, self.grpc):
+            want = self.grpc.topk(x, 5, probs=True)
+            out = (np.zeros((30,), want.ids.dtype), np.zeros((6, 5), np.float32), np.zeros((3, 10), np.float32))
+            got = head.topk(x, 5, probs=True, out=out)
+            for o, g, w in zip(out, got, want):
+                self.assertIs(g, o)
+                np.testing.assert_array_equal(o.reshape(w.shape), w)
+            ids = np.zeros(6, want.ids.dtype)
+            vals = np.zeros(6, np.float32)
+            a = head.argmax(x, out=(ids, vals))
+            self.assertIs(a.ids, ids)
+            np.testing.assert_array_equal(ids, self.grpc.argmax(x).ids)
+            logits = np.zeros((6, VOCAB), np.uint16)
+            self.assertIs(head.logits(x, out=logits), logits)
+            np.testing.assert_array_equal(logits, self.grpc.logits(x))
+            with self.assertRaisesRegex(ValueError, r"out \(values\)"):
+                head.topk(x, 5, out=(np.zeros(30, want.ids.dtype), np.zeros(29, np.float32)))
+            with self.assertRaisesRegex(ValueError, r"out \(ids\)"):
+                head.argmax(x, out=(np.zeros(6, np.float64), np.zeros(6, np.float32)))
+            with self.assertRaisesRegex(ValueError, "probs exactly when"):
+                head.topk(x, 5, probs=True, out=out[:2])
+
     def test_answers_outlive_their_slot(self):
         # A lane answer is read out of a ring slot that later calls reuse: what a call returned
         # must stay as it was after every slot has served other rows.
@@ -207,7 +234,7 @@ class ClientLaneTest(RealServerTestCase):
         with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
             ln = head.lane()
             lib, h = ln._lib, ln._h
-            self.assertEqual(lib.dh_lane_abi_version(), 2)
+            self.assertEqual(lib.dh_lane_abi_version(), 3)
             msg = ctypes.create_string_buffer(512)
             depth = lib.dh_lane_depth(h)
             seqs = []
@@ -239,7 +266,9 @@ class ClientLaneTest(RealServerTestCase):
                 self.assertEqual(lib.dh_lane_done(h, n), 1)
                 check_answer(n)
                 lib.dh_lane_release(h, n)
-            self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, msg, len(msg)), -9)
+            self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, None, 5, msg, len(msg)), -3)
+            self.assertIn(b"copies", msg.value)
+            self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, None, 0, msg, len(msg)), -9)
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
             self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on

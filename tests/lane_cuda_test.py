@@ -81,6 +81,48 @@ class LaneCudaTest(unittest.TestCase):
                     self.eq(s, t)
         self.assertTrue(self.lane.lane().cuda, self.lane.lane().cuda_error)
 
+    def test_out_tensors_are_written_by_the_call(self):
+        # out= over the lane's CUDA arenas: the library copies the answer (int64 ids from the server)
+        # into the caller's tensors on the stream; equal to gRPC, any shape, more rows than max_rows
+        # (chunks at their row offsets), wait=True and wait=False; wrong tensors refused by name.
+        g = torch.Generator(device="cuda").manual_seed(2)
+        V = self.grpc.info()["vocab_size"]
+        for i in range(REPEAT):
+            rows = [1, 5, 16, 64, 70][i % 5]
+            x = torch.randn(rows, self.K, device="cuda", generator=g).to(torch.bfloat16)
+            wait = i % 2 == 0
+            k = 1 + i % 40
+            ids = torch.full((rows, k), -1, dtype=torch.int64, device="cuda")
+            vals = torch.empty(rows * k, dtype=torch.float32, device="cuda")
+            probs = torch.empty(rows, k, dtype=torch.float32, device="cuda")
+            got = self.lane.topk(x, k, probs=True, temperature=0.8, wait=wait, out=(ids, vals, probs))
+            a_ids = torch.empty(rows, dtype=torch.int64, device="cuda")
+            a_vals = torch.empty(rows, dtype=torch.float32, device="cuda")
+            am = self.lane.argmax(x, wait=wait, out=(a_ids, a_vals))
+            logits = torch.empty(rows, V, dtype=torch.bfloat16, device="cuda")
+            lg = self.lane.logits(x, dtype="bf16", wait=wait, out=logits)
+            if not wait:
+                self.lane.synchronize()
+            self.assertIs(got.ids, ids)
+            self.assertIs(am.ids, a_ids)
+            self.assertIs(lg, logits)
+            want = self.grpc.topk(x, k, probs=True, temperature=0.8)
+            self.eq(ids, want.ids)
+            self.eq(vals.view(rows, k), want.values)
+            self.eq(probs, want.probs)
+            wa = self.grpc.argmax(x)
+            self.eq(a_ids, wa.ids)
+            self.eq(a_vals, wa.values)
+            self.eq(logits, self.grpc.logits(x, dtype="bf16"))
+        x = torch.randn(3, self.K, device="cuda").to(torch.bfloat16)
+        with self.assertRaisesRegex(ValueError, r"out \(ids\)"):
+            self.lane.argmax(x, out=(torch.empty(3, dtype=torch.int32, device="cuda"),
+                                     torch.empty(3, device="cuda")))
+        with self.assertRaisesRegex(ValueError, r"out \(values\)"):
+            self.lane.argmax(x, out=(torch.empty(3, dtype=torch.int64, device="cuda"), torch.empty(3)))
+        with self.assertRaisesRegex(ValueError, r"out \(logits\)"):
+            self.lane.logits(x, out=torch.empty(3, 7, dtype=torch.bfloat16, device="cuda"))
+
     def test_rows_written_just_before_the_call_are_fenced(self):
         # The rows come out of work still queued on the stream when the call is made: the server
         # must wait for the stream's fence, not read stale rows.

@@ -277,6 +277,14 @@ TEST(LaneE2E, BadDescriptorsAreAnsweredInTheirSlot) {
          d.top_k = 200;
          d.flags = lane::kFlagReturnProbs;
        }},
+      {"output", [](lane::LaneRequest& d) {  // 2 x 150 x 16 > 4096 inline bytes (x 12 would fit)
+         d.top_k = 150;
+         d.flags = lane::kFlagReturnProbs | lane::kFlagIds64;
+       }},
+      {"output", [](lane::LaneRequest& d) {  // 2 x 4 x 12 = 96 > 80 bytes (int32 ids would fit)
+         d.output = {0, 0, 0, 80};
+         d.flags = lane::kFlagIds64;
+       }},
   };
   for (size_t i = 0; i < bads.size(); ++i) {
     lane::LaneRequest d = raw.Good(i % raw.ring->depth());
@@ -298,6 +306,82 @@ TEST(LaneE2E, BadDescriptorsAreAnsweredInTheirSlot) {
   EXPECT_EQ(c->rows, 2u);
   EXPECT_EQ(c->k, 4u);
   raw.ring->Release(seq);
+}
+
+// kFlagIds64 (what the Python client asks for with torch output tensors): the same answer with
+// int64 ids, inline and in an output slice, TOP_K with and without probs, ARGMAX and SAMPLE.
+TEST(LaneE2E, Int64IdsAreTheSameAnswerWidened) {
+  Server s;
+  ASSERT_TRUE(s.ok) << s.proc.Log();
+  RawLane raw(s.target);
+  ASSERT_TRUE(raw.status.ok()) << raw.status.error_message();
+  struct Answer {
+    uint32_t flags = 0, k = 0;
+    std::vector<int64_t> ids;
+    std::vector<float> values, probs;
+  };
+  auto call = [&](lane::LaneRequest d, bool ids64, bool in_output) {
+    const uint32_t slot = 1;
+    if (ids64) d.flags |= lane::kFlagIds64;
+    if (in_output) d.output = {0, 0, raw.ring->output_area_offset(slot), 1 << 16};
+    lane::LaneError err;
+    uint64_t seq = 0;
+    const lane::LaneCompletion* c = raw.Call(d, &err, &seq);
+    Answer a;
+    EXPECT_TRUE(err.ok()) << err.message;
+    if (c == nullptr) return a;
+    EXPECT_EQ(c->code, 0) << Message(c);
+    a.flags = c->flags;
+    a.k = c->k;
+    const size_t n = size_t{c->rows} * c->k;
+    const uint8_t* src = (c->flags & lane::kDoneInOutput) ? raw.ring->output_area(slot)
+                                                         : reinterpret_cast<const uint8_t*>(c) + lane::kCompletionHeaderBytes;
+    const size_t idb = ids64 ? 8 : 4;
+    for (size_t i = 0; i < n; ++i) {
+      int64_t id = 0;
+      if (ids64) {
+        std::memcpy(&id, src + i * 8, 8);
+      } else {
+        int32_t v;
+        std::memcpy(&v, src + i * 4, 4);
+        id = v;
+      }
+      a.ids.push_back(id);
+    }
+    a.values.resize(n);
+    std::memcpy(a.values.data(), src + n * idb, n * 4);
+    if (c->flags & lane::kDoneProbs) {
+      a.probs.resize(n);
+      std::memcpy(a.probs.data(), src + n * (idb + 4), n * 4);
+    }
+    raw.ring->Release(seq);
+    return a;
+  };
+  std::vector<lane::LaneRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    lane::LaneRequest d = raw.Good(1, 3);
+    if (i == 1) d.flags = lane::kFlagReturnProbs;
+    if (i == 2) d.mode = v1::ARGMAX;
+    if (i == 3) {
+      d.mode = v1::SAMPLE;
+      d.temperature = 0.7f;
+      d.seed = 11;
+    }
+    reqs.push_back(d);
+  }
+  for (const lane::LaneRequest& d : reqs)
+    for (bool in_output : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << int{d.mode} << " flags " << d.flags << " in output " << in_output);
+      const Answer a = call(d, false, in_output), b = call(d, true, in_output);
+      EXPECT_EQ(a.flags & lane::kDoneIds64, 0u);
+      EXPECT_EQ(b.flags, a.flags | lane::kDoneIds64);
+      EXPECT_EQ(b.k, a.k);
+      EXPECT_FALSE(a.ids.empty());
+      EXPECT_EQ(a.ids, b.ids);
+      EXPECT_EQ(0, std::memcmp(a.values.data(), b.values.data(), a.values.size() * 4));
+      EXPECT_EQ(a.probs.size(), b.probs.size());
+      EXPECT_EQ(0, std::memcmp(a.probs.data(), b.probs.data(), a.probs.size() * 4));
+    }
 }
 
 // LaneRing::Submit (what dh_lane_call and LaneClient use): slot-relative slices land in the same

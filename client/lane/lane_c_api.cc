@@ -110,21 +110,29 @@ DH_EXPORT int64_t dh_lane_call(dh_lane* l, const void* request, const void* hidd
   return static_cast<int64_t>(seq);
 }
 
-DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, uint64_t hidden_arena, char* msg, size_t msg_len) {
+DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, uint64_t hidden_arena, uint64_t output_arena, char* msg,
+                                  size_t msg_len) {
   if (l->cuda != nullptr) return 0;
   auto cuda = std::make_unique<drafthead::lane::LaneCuda>();
-  const int code = Report(cuda->Attach(l->ring.get(), hidden_arena), msg, msg_len);
+  const int code = Report(cuda->Attach(l->ring.get(), hidden_arena, output_arena), msg, msg_len);
   if (code == 0) l->cuda = std::move(cuda);
   return code;
 }
 
 DH_EXPORT int64_t dh_lane_call_stream(dh_lane* l, const void* request, uint64_t hidden, uint64_t hidden_bytes,
-                                      void* stream, int wait, int64_t timeout_ns, char* msg, size_t msg_len) {
+                                      void* stream, int wait, int64_t timeout_ns, const uint64_t* copies,
+                                      uint32_t n_copies, char* msg, size_t msg_len) {
+  using drafthead::lane::LaneCuda;
+  if (n_copies > LaneCuda::kMaxCopies || (n_copies > 0 && copies == nullptr))
+    return -Report(LaneError{3, "copies: at most " + std::to_string(LaneCuda::kMaxCopies) + " triples"}, msg, msg_len);
   if (l->cuda == nullptr) return -Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
   drafthead::lane::LaneRequest d;
   std::memcpy(&d, request, sizeof d);
+  LaneCuda::CopyOut out[LaneCuda::kMaxCopies];
+  for (uint32_t i = 0; i < n_copies; ++i) out[i] = {copies[3 * i], copies[3 * i + 1], copies[3 * i + 2]};
   uint64_t seq = 0;
-  if (LaneError e = l->cuda->Call(d, hidden, hidden_bytes, stream, wait != 0, Deadline(timeout_ns), &seq); !e.ok())
+  if (LaneError e = l->cuda->Call(d, hidden, hidden_bytes, stream, wait != 0, Deadline(timeout_ns), out, n_copies, &seq);
+      !e.ok())
     return -Report(e, msg, msg_len);
   return static_cast<int64_t>(seq);
 }

@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#define DH_LANE_ABI_VERSION 2
+#define DH_LANE_ABI_VERSION 3
 
 typedef struct dh_lane dh_lane;
 
@@ -64,18 +64,23 @@ int dh_lane_wait(dh_lane* lane, uint64_t seq, int64_t timeout_ns, const void** c
 int dh_lane_done(const dh_lane* lane, uint64_t seq);
 
 /* Stream-ordered calls (lane_cuda.h), for rows and answers on a GPU: register the lane with the
- * current CUDA context and name the caller's CUDA hidden arena (its device address; region 1 at
- * OpenLane, the output arena region 2, both laid out per slot like the host arena). Then one C call
- * a call: dh_lane_call_stream copies `hidden_bytes` at device address `hidden` into the slot's
- * hidden area, fences, publishes `request` (its output slice slot-relative) and makes `stream` (a
- * CUstream) wait for the answer, all ordered on the stream; wait != 0 also waits on the host.
- * Returns seq (>= 0: the answer is in the slot seq % depth of the output arena, ordered on the
- * stream; the library releases the slot itself) or minus a gRPC code: this call's failure, or an
- * earlier stream-ordered call's (answered since; reported once, before this call submits anything).
- * dh_lane_stream_synchronize waits on the host for every such call and returns the first failure. */
-int dh_lane_cuda_attach(dh_lane* lane, uint64_t hidden_arena, char* msg, size_t msg_len);
+ * current CUDA context and name the caller's CUDA arenas (their device addresses; the hidden arena
+ * region 1 at OpenLane, the output arena region 2, both laid out per slot like the host arena).
+ * Then one C call a call: dh_lane_call_stream copies `hidden_bytes` at device address `hidden` into
+ * the slot's hidden area, fences, publishes `request` (its output slice slot-relative) and makes
+ * `stream` (a CUstream) wait for the answer, then copies `n_copies` pieces of the answer out of the
+ * slot's output area (`copies`: n_copies triples of destination device address, byte offset in the
+ * slot's output area, bytes; adjacent pieces as one copy), all ordered on the stream; wait != 0
+ * also waits on the host. Returns seq (>= 0: the answer is in the slot seq % depth of the output
+ * arena, ordered on the stream; the library releases the slot itself) or minus a gRPC code: this
+ * call's failure (a piece outside the slot's output area: INVALID_ARGUMENT, before anything is
+ * submitted), or an earlier stream-ordered call's (answered since; reported once, before this call
+ * submits anything). dh_lane_stream_synchronize waits on the host for every such call and returns
+ * the first failure. */
+int dh_lane_cuda_attach(dh_lane* lane, uint64_t hidden_arena, uint64_t output_arena, char* msg, size_t msg_len);
 int64_t dh_lane_call_stream(dh_lane* lane, const void* request, uint64_t hidden, uint64_t hidden_bytes, void* stream,
-                            int wait, int64_t timeout_ns, char* msg, size_t msg_len);
+                            int wait, int64_t timeout_ns, const uint64_t* copies, uint32_t n_copies, char* msg,
+                            size_t msg_len);
 int dh_lane_stream_synchronize(dh_lane* lane, int64_t timeout_ns, char* msg, size_t msg_len);
 
 #ifdef __cplusplus

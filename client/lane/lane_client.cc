@@ -166,7 +166,10 @@ absl::StatusOr<v1::LogitsResponse> LaneClient::Finish(const Pending& call, absl:
     } else {
       const size_t n = size_t{c->rows} * c->k;
       const bool probs = (c->flags & lane::kDoneProbs) != 0;
-      if (n * (probs ? 12 : 8) > ((c->flags & lane::kDoneInOutput) ? cfg.output_slot_bytes : ring_->inline_bytes())) {
+      if ((c->flags & lane::kDoneIds64) != 0) {
+        status = absl::InternalError("the lane answered int64 ids, which this call did not ask for");
+      } else if (lane::TokenAnswerBytes(n, 1, probs) >
+                 ((c->flags & lane::kDoneInOutput) ? cfg.output_slot_bytes : ring_->inline_bytes())) {
         status = absl::InternalError("the lane's answer is larger than its slot");
       } else {
         const uint8_t* src = (c->flags & lane::kDoneInOutput)

@@ -77,11 +77,12 @@ LaneCuda::~LaneCuda() {
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
 }
 
-LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena) {
+LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t output_arena) {
   const CudaApi& api = Api();
   if (!api.error.empty()) return LaneError{9, api.error};
   ring_ = ring;
   hidden_arena_ = hidden_arena;
+  output_arena_ = output_arena;
   CUresult r = api.MemHostRegister(ring->base(), ring->bytes(), kHostRegisterPortable | kHostRegisterDeviceMap);
   if (r != 0) return CudaFailed("cuMemHostRegister of the lane object (is a CUDA context current?)", r);
   registered_ = ring->base();
@@ -104,11 +105,30 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena) {
 }
 
 LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
-                         int64_t deadline_ns, uint64_t* seq) {
+                         int64_t deadline_ns, const CopyOut* copies, uint32_t n_copies, uint64_t* seq) {
   LaneRequest r = d;
   r.flags |= kFlagHiddenFence;
   r.hidden = LaneSlice{1, 0, 0, hidden_bytes};  // the slot's area of the CUDA hidden arena
   if (LaneError e = ring_->CheckSlotSlices(r); !e.ok()) return e;
+  // The pieces to copy out, adjacent ones merged (a caller's tensors cut from one buffer: one copy).
+  if (n_copies > kMaxCopies) return LaneError{3, "copies: at most " + std::to_string(kMaxCopies) + " pieces"};
+  CopyOut merged[kMaxCopies];
+  uint32_t n_merged = 0;
+  const uint64_t area = ring_->config().output_slot_bytes;
+  for (uint32_t i = 0; i < n_copies; ++i) {
+    const CopyOut& c = copies[i];
+    if (c.offset > area || c.bytes > area - c.offset)
+      return LaneError{3, "copies: piece " + std::to_string(i) + " (" + std::to_string(c.bytes) + " bytes at " +
+                              std::to_string(c.offset) + ") is outside the slot's output area of " +
+                              std::to_string(area) + " bytes"};
+    if (c.bytes == 0) continue;
+    CopyOut* last = n_merged > 0 ? &merged[n_merged - 1] : nullptr;
+    if (last != nullptr && last->dst + last->bytes == c.dst && last->offset + last->bytes == c.offset) {
+      last->bytes += c.bytes;
+    } else {
+      merged[n_merged++] = c;
+    }
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (LaneError e = Settle(UINT64_MAX, deadline_ns); !e.ok()) return e;
   if (pending_.size() >= ring_->depth()) {
@@ -136,6 +156,10 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   cr = api.StreamWaitValue32(stream, device_base_ + ring_->done_offset(n), static_cast<uint32_t>(n + 1),
                              kWaitValueEq);
   if (cr != 0) return CudaFailed("cuStreamWaitValue32 (the answer)", cr);
+  for (uint32_t i = 0; i < n_merged; ++i) {
+    cr = api.MemcpyDtoDAsync(merged[i].dst, output_arena_ + slot * area + merged[i].offset, merged[i].bytes, stream);
+    if (cr != 0) return CudaFailed("cuMemcpyDtoDAsync (the answer out of the lane's arena)", cr);
+  }
   *seq = n;
   if (!wait) return {};
   if (LaneError e = Settle(n, deadline_ns); !e.ok()) return e;

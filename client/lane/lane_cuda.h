@@ -22,21 +22,31 @@ class LaneCuda {
   LaneCuda(const LaneCuda&) = delete;
   LaneCuda& operator=(const LaneCuda&) = delete;
 
-  // Registers the ring's object with the current CUDA context. hidden_arena: the device address of
-  // the caller's CUDA hidden arena (region 1 at OpenLane; depth areas of hidden_slot_bytes).
-  // FAILED_PRECONDITION without CUDA.
-  LaneError Attach(LaneRing* ring, uint64_t hidden_arena);
+  // Registers the ring's object with the current CUDA context. hidden_arena / output_arena: the
+  // device addresses of the caller's CUDA arenas (regions 1 and 2 at OpenLane; depth areas of
+  // hidden_slot_bytes / output_slot_bytes). FAILED_PRECONDITION without CUDA.
+  LaneError Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t output_arena);
+
+  // A piece of the answer copied out of the slot's CUDA output area after it arrives.
+  struct CopyOut {
+    uint64_t dst;     // device address
+    uint64_t offset;  // into the slot's output area
+    uint64_t bytes;
+  };
+  static constexpr uint32_t kMaxCopies = 4;
 
   // One stream-ordered call on `stream` (a CUstream): first the answers already published are
   // released (an earlier call's failure is returned now, before anything is submitted); with all
   // depth slots held by such calls, waits for the oldest. Then reserves a slot, copies
   // `hidden_bytes` at device address `hidden` into the slot's CUDA hidden area, writes the fence
   // word, publishes `d` (slot-relative slices, LaneRing::PublishInSlot; kFlagHiddenFence set here)
-  // and makes the stream wait for the answer; all on the stream, the host waits for no GPU work.
+  // and makes the stream wait for the answer, then copies `copies` (n of them, <= kMaxCopies;
+  // adjacent ones as one copy; each inside the slot's output area, else INVALID_ARGUMENT before
+  // anything is submitted) out of the slot; all on the stream, the host waits for no GPU work.
   // wait: also wait on the host for this call (and every earlier one), returning its failure.
   // *seq: the submission (its answer lands in the slot's CUDA output area, ordered on the stream).
   LaneError Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
-                 int64_t deadline_ns, uint64_t* seq);
+                 int64_t deadline_ns, const CopyOut* copies, uint32_t n, uint64_t* seq);
   // Waits on the host for every stream-ordered call's answer; the first failure among them.
   LaneError Synchronize(int64_t deadline_ns);
 
@@ -50,6 +60,7 @@ class LaneCuda {
   void* registered_ = nullptr;
   unsigned long long device_base_ = 0;
   uint64_t hidden_arena_ = 0;
+  uint64_t output_arena_ = 0;
   std::mutex mu_;
   std::deque<uint64_t> pending_;  // submitted, answer not yet seen by the host (oldest first)
   LaneError deferred_;            // the first failure among them, returned by the next call

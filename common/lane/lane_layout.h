@@ -54,15 +54,25 @@ enum LaneRequestFlags : uint32_t {
   // wait on its host before submitting. The server waits for it (bounded by timeout_us, else
   // kFenceWaitLimit) before reading the rows.
   kFlagHiddenFence = 1u << 1,
+  // Token answers carry int64 token ids (int64 ids[n], then values and probs as always): what a
+  // torch caller's output tensors hold, so that its answer is one copy, no conversion kernel.
+  kFlagIds64 = 1u << 2,
 };
-inline constexpr uint32_t kKnownRequestFlags = kFlagReturnProbs | kFlagHiddenFence;
+inline constexpr uint32_t kKnownRequestFlags = kFlagReturnProbs | kFlagHiddenFence | kFlagIds64;
 inline constexpr uint64_t kFenceWaitLimitUs = 10'000'000;
 
 // LaneCompletion::flags.
 enum LaneCompletionFlags : uint32_t {
   kDoneProbs = 1u << 0,      // probs were written
   kDoneInOutput = 1u << 1,   // token answers went to the request's output slice, not inline
+  kDoneIds64 = 1u << 2,      // the token ids are int64 (the request's kFlagIds64)
 };
+
+// Bytes of a token answer of n = rows x k entries: ids (4 bytes, or 8 with kFlagIds64), values and
+// (with probs) probs, 4 bytes each.
+inline uint64_t TokenAnswerBytes(uint64_t rows, uint64_t k, bool probs, bool ids64 = false) {
+  return rows * k * ((ids64 ? 8 : 4) + (probs ? 8 : 4));
+}
 
 struct LaneSlice {
   uint32_t region;    // index into OpenLaneRequest.regions; kNoRegion: absent
@@ -98,8 +108,8 @@ static_assert(offsetof(LaneRequest, hidden) == 48 && offsetof(LaneRequest, outpu
               offsetof(LaneRequest, fence) == 96);
 
 // Token answers (TOP_K, ARGMAX, SAMPLE) with n = rows x k entries, inline after the completion
-// header or at the output slice's start: int32 token_ids[n], float values[n], float probs[n] (probs
-// only with kDoneProbs). FULL_LOGITS: rows x vocab_size of logits_dtype in the output slice.
+// header or at the output slice's start: int32 token_ids[n] (int64 with kDoneIds64), float
+// values[n], float probs[n] (probs only with kDoneProbs). FULL_LOGITS: rows x vocab_size of logits_dtype in the output slice.
 struct LaneCompletion {
   std::atomic<uint64_t> done_seq;  // 0: n + 1 once this slot holds submission n's answer (release)
   uint64_t request_id;             // 8

@@ -44,6 +44,7 @@ absl::StatusOr<ParsedDescriptor> ParseDescriptor(const lane::LaneRequest& d,
   if ((d.flags & ~lane::kKnownRequestFlags) != 0)
     return Bad("flags", absl::StrCat("unknown bits 0x", absl::Hex(d.flags & ~lane::kKnownRequestFlags)));
   p.timeout_us = d.timeout_us;
+  p.ids64 = (d.flags & lane::kFlagIds64) != 0;
 
   if (d.hidden.region == lane::kNoRegion) return Bad("hidden", "a lane request names its rows' region slice");
   auto hidden = RegionOf(d.hidden, "hidden", region_names);
@@ -68,11 +69,12 @@ absl::StatusOr<ParsedDescriptor> ParseDescriptor(const lane::LaneRequest& d,
   const bool sane = d.rows >= 1 && d.rows <= limits.max_rows && k >= 1 && k <= limits.max_top_k &&
                     d.mode <= v1::SAMPLE;
   const bool probs = d.mode == v1::TOP_K && r.return_probs();
-  p.token_bytes = sane ? TokenAnswerBytes(d.rows, k, probs) : 0;
+  p.token_bytes = sane ? lane::TokenAnswerBytes(d.rows, k, probs, p.ids64) : 0;
   if (has_output) {
     if (sane && d.output.byte_size < p.token_bytes)
       return Bad("output", absl::StrCat("byte_size ", d.output.byte_size, " cannot hold the answer's ",
-                                        p.token_bytes, " bytes (rows x k x ", probs ? 12 : 8, ")"));
+                                        p.token_bytes, " bytes (rows x k x ",
+                                        lane::TokenAnswerBytes(1, 1, probs, p.ids64), ")"));
     p.tokens_region = *output;
     p.tokens_offset = d.output.offset;
   } else if (p.token_bytes > limits.inline_bytes) {

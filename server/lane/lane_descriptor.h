@@ -25,11 +25,9 @@ struct ParsedDescriptor {
   std::string tokens_region;
   uint64_t tokens_offset = 0;
   uint64_t token_bytes = 0;
+  bool ids64 = false;       // token ids as int64 (kFlagIds64)
   uint32_t timeout_us = 0;  // 0: none
 };
-
-// Bytes of a token answer: rows x k entries of id, value and (with probs) prob, 4 bytes each.
-inline uint64_t TokenAnswerBytes(uint64_t rows, uint64_t k, bool probs) { return rows * k * (probs ? 12 : 8); }
 
 // INVALID_ARGUMENT naming the descriptor's field (hidden, output, rows, top_k, ...) for a region
 // index outside `region_names`, a missing or too small output, or an inline answer that does not

@@ -348,10 +348,11 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
   lane->outstanding.fetch_add(1, std::memory_order_acq_rel);
   const std::string tokens_region = parsed->tokens_region;
   const uint64_t tokens_offset = parsed->tokens_offset;
+  const bool ids64 = parsed->ids64;
   auto counters = counters_;
   regions::RegionRegistry* registry = regions_;
   submit_(parsed->req, std::move(call),
-          [lane = std::move(lane), n, c, tokens_region, tokens_offset, counters, registry](
+          [lane = std::move(lane), n, c, tokens_region, tokens_offset, ids64, counters, registry](
               const absl::Status& s, v1::LogitsResponse* r) {
             absl::Status st = s;
             if (st.ok() && r != nullptr) {
@@ -367,12 +368,20 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
               if (entries > 0) {
                 c->k = r->rows() > 0 ? static_cast<uint32_t>(entries / r->rows()) : 0;
                 const bool probs = r->probs_size() > 0;
-                const size_t bytes = entries * (probs ? 12 : 8);
+                const size_t bytes = lane::TokenAnswerBytes(entries, 1, probs, ids64);
+                const size_t id_bytes = ids64 ? 8 : 4;
                 // ids, values, probs back to back (the layout's token answer).
                 auto write = [&](uint8_t* dst) {
-                  std::memcpy(dst, r->token_ids().data(), entries * 4);
-                  std::memcpy(dst + entries * 4, r->values().data(), entries * 4);
-                  if (probs) std::memcpy(dst + entries * 8, r->probs().data(), entries * 4);
+                  if (ids64) {
+                    for (size_t i = 0; i < entries; ++i) {
+                      const int64_t id = r->token_ids(static_cast<int>(i));
+                      std::memcpy(dst + i * 8, &id, 8);
+                    }
+                  } else {
+                    std::memcpy(dst, r->token_ids().data(), entries * 4);
+                  }
+                  std::memcpy(dst + entries * id_bytes, r->values().data(), entries * 4);
+                  if (probs) std::memcpy(dst + entries * (id_bytes + 4), r->probs().data(), entries * 4);
                 };
                 if (tokens_region.empty()) {
                   write(reinterpret_cast<uint8_t*>(c) + lane::kCompletionHeaderBytes);
@@ -386,6 +395,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
                   c->flags |= lane::kDoneInOutput;
                 }
                 if (probs) c->flags |= lane::kDoneProbs;
+                if (ids64) c->flags |= lane::kDoneIds64;
               }
             } else if (st.ok()) {
               st = absl::InternalError("no answer");

@@ -510,9 +510,11 @@ class RemoteDraftHead(_HeadBase):
         return lane if lane is not None and lane.cuda else None
 
     def _lane_tensor(self, lane: Lane, hidden: Any, mode: int, wait: bool, timeout: Optional[float],
-                     **fields: Any) -> Any:
+                     out: Any = None, **fields: Any) -> Any:
         """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
-        the logits [..., V], or [ids, values, probs] ([..., k]), all on the caller's stream."""
+        the logits [..., V], or [ids, values, probs] ([..., k]), all on the caller's stream. out: the
+        caller's tensors (the logits, or [ids, values, probs or None], _check_out's rules), which the
+        answers are copied into by the lane's own C call (no torch op) and which come back."""
         K = self.info()["hidden_size"]
         if hidden.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
@@ -526,6 +528,13 @@ class RemoteDraftHead(_HeadBase):
             raise ValueError("hidden: no rows")
         chunk = max(1, self.info()["max_rows"])
         rows = x.shape[0]
+        if out is not None:
+            # Addresses and bytes a row of each output: chunk r0 writes at address + r0 x bytes.
+            per_row = self._check_out(out, mode, rows, lane, **fields)
+            for r0 in range(0, rows, chunk):
+                lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
+                               timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
+            return out
         # Every torch op costs host time (the stream-ordered call's budget): one call of rows <=
         # max_rows (the common case) slices, concatenates and reshapes nothing it need not.
         parts = [lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
@@ -540,6 +549,36 @@ class RemoteDraftHead(_HeadBase):
                for i in range(3)]
         return [t if t is None or tuple(t.shape) == shape else t.reshape(shape) for t in cat]
 
+    def _check_out(self, out: Any, mode: int, rows: int, lane: Lane, **fields: Any) -> List[Tuple[int, int]]:
+        """The caller's output tensors for a call over the lane's CUDA arenas: contiguous torch tensors
+        on the lane's GPU, the logits' dtype (bf16 / fp32) with rows x vocab_size elements, or ids
+        (int64), values and probs (float32; probs exactly when asked for) with rows x k elements each,
+        any shape. Returns (address, bytes a row) for each (0, 0 for no probs); ValueError naming the
+        tensor otherwise."""
+        if mode == pb.FULL_LOGITS:
+            want = [("logits", out, torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16,
+                     self.info()["vocab_size"])]
+        else:
+            k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+            probs = bool(fields.get("return_probs"))
+            parts = list(out)
+            if len(parts) not in (2, 3) or (probs and (len(parts) < 3 or parts[2] is None)) or \
+                    (not probs and len(parts) == 3 and parts[2] is not None):
+                raise ValueError("out: (ids, values) or (ids, values, probs), probs exactly when probs=True")
+            want = [("ids", parts[0], torch.int64, k), ("values", parts[1], torch.float32, k)]
+            if probs:
+                want.append(("probs", parts[2], torch.float32, k))
+        per_row = []
+        for name, t, dtype, n in want:
+            if not isinstance(t, torch.Tensor) or t.device != lane.cuda_device or t.dtype != dtype or \
+                    not t.is_contiguous() or t.numel() != rows * n:
+                raise ValueError(f"out ({name}): want a contiguous {dtype} tensor of {rows} x {n} elements on "
+                                 f"{lane.cuda_device}, got {_describe(t)}")
+            per_row.append((t.data_ptr(), n * t.element_size()))
+        while len(per_row) < 3 and mode != pb.FULL_LOGITS:
+            per_row.append((0, 0))
+        return per_row
+
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every call made with wait=False (torch CUDA tensors over a lane) to be answered,
         raising the first failure among them. Without such calls, returns at once."""
@@ -548,15 +587,23 @@ class RemoteDraftHead(_HeadBase):
             lane.synchronize(timeout)
 
     def _tokens(self, hidden: Hidden, mode: str, hidden_dtype: str, timeout: Optional[float], wait: bool, *,
-                head: str, k: int = 1, probs: bool = False, temperature: float = 1.0, seed: int = 0) -> List[Any]:
+                head: str, k: int = 1, probs: bool = False, temperature: float = 1.0, seed: int = 0,
+                out: Any = None) -> List[Any]:
         """TOP_K, ARGMAX or SAMPLE: [ids, values, probs or None]; a torch CUDA tensor over the lane's
-        CUDA arenas when there are some, else the plan."""
+        CUDA arenas when there are some, else the plan. out: the caller's tensors, filled and returned."""
         lane = self._cuda_lane(hidden)
         if lane is not None:
-            return self._lane_tensor(lane, hidden, _MODES[mode], wait, timeout,
-                                     **self._token_fields(mode, head, k, probs, temperature, seed))
-        return self._drive(self._tokens_plan(self.info(), hidden, mode, hidden_dtype, head=head, k=k, probs=probs,
-                                             temperature=temperature, seed=seed), timeout)
+            got = self._lane_tensor(lane, hidden, _MODES[mode], wait, timeout, out=out,
+                                    **self._token_fields(mode, head, k, probs, temperature, seed))
+            return list(got) + [None] * (3 - len(got))
+        got = self._drive(self._tokens_plan(self.info(), hidden, mode, hidden_dtype, head=head, k=k, probs=probs,
+                                            temperature=temperature, seed=seed), timeout)
+        if out is None:
+            return got
+        parts = list(out) + [None] * (3 - len(out))
+        if len(parts) != 3 or (parts[2] is None) != (got[2] is None):
+            raise ValueError("out: (ids, values) or (ids, values, probs), probs exactly when probs=True")
+        return [None if o is None else _fill(o, r, name) for o, r, name in zip(parts, got, ("ids", "values", "probs"))]
 
     def _drive(self, plan: Plan[T], timeout: Optional[float]) -> T:
         """Runs a plan: each request it yields goes through _compute, in order."""
@@ -589,32 +636,42 @@ class RemoteDraftHead(_HeadBase):
             time.sleep(poll)
 
     # -- public API --------------------------------------------------------------------------------
+    # out= (every call below): the caller's own arrays or tensors to fill and return (torch's `out=`),
+    # of the result's types and element counts (any shape, contiguous). With a torch CUDA tensor over
+    # a lane's CUDA arenas they are written by the lane's own C call, ordered on the stream, with no
+    # torch op and no allocation: the cheapest stream-ordered call (a scheduler's static buffers).
     def logits(self, hidden: Hidden, *, dtype: DType = "bf16", head: HeadKind = "fp8", hidden_dtype: DType = "bf16",
-               timeout: Optional[float] = None, wait: bool = True) -> Any:
+               timeout: Optional[float] = None, wait: bool = True, out: Any = None) -> Any:
         """Full logits [..., vocab_size] (see the module docstring for the types). wait=False: a torch
         CUDA tensor over a lane returns at once, ordered on the current stream (see synchronize)."""
         lane = self._cuda_lane(hidden)
         if lane is not None:
-            return self._lane_tensor(lane, hidden, pb.FULL_LOGITS, wait, timeout, logits_dtype=_DTYPES[dtype],
-                                     head=_HEADS[head])
-        return self._drive(self._logits_plan(self.info(), hidden, dtype, head, hidden_dtype), timeout)
+            return self._lane_tensor(lane, hidden, pb.FULL_LOGITS, wait, timeout, out=out,
+                                     logits_dtype=_DTYPES[dtype], head=_HEADS[head])
+        got = self._drive(self._logits_plan(self.info(), hidden, dtype, head, hidden_dtype), timeout)
+        return got if out is None else _fill(out, got, "logits")
 
     def topk(self, hidden: Hidden, k: int, *, probs: bool = False, temperature: float = 1.0, head: HeadKind = "fp8",
-             hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True) -> TopK:
-        """The k largest logits per row, best first (ties to the smaller id); probs over the whole vocabulary."""
+             hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True,
+             out: Any = None) -> TopK:
+        """The k largest logits per row, best first (ties to the smaller id); probs over the whole
+        vocabulary. out: (ids, values) or (ids, values, probs)."""
         return TopK(*self._tokens(hidden, "topk", hidden_dtype, timeout, wait, head=head, k=k, probs=probs,
-                                  temperature=temperature))
+                                  temperature=temperature, out=out))
 
     def argmax(self, hidden: Hidden, *, head: HeadKind = "fp8", hidden_dtype: DType = "bf16",
-               timeout: Optional[float] = None, wait: bool = True) -> Tokens:
-        i, v, _ = self._tokens(hidden, "argmax", hidden_dtype, timeout, wait, head=head)
+               timeout: Optional[float] = None, wait: bool = True, out: Any = None) -> Tokens:
+        """out: (ids, values)."""
+        i, v, _ = self._tokens(hidden, "argmax", hidden_dtype, timeout, wait, head=head, out=out)
         return Tokens(i, v)
 
     def sample(self, hidden: Hidden, *, temperature: float, seed: int, head: HeadKind = "fp8",
-               hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True) -> Tokens:
-        """Gumbel-max sample per row; the draw depends only on (seed, row within the call, token id)."""
+               hidden_dtype: DType = "bf16", timeout: Optional[float] = None, wait: bool = True,
+               out: Any = None) -> Tokens:
+        """Gumbel-max sample per row; the draw depends only on (seed, row within the call, token id).
+        out: (ids, values)."""
         i, v, _ = self._tokens(hidden, "sample", hidden_dtype, timeout, wait, head=head, temperature=temperature,
-                               seed=seed)
+                               seed=seed, out=out)
         return Tokens(i, v)
 
     # -- shared-memory regions (drafthead_client.regions wraps these) --------------------------------
@@ -648,6 +705,30 @@ class RemoteDraftHead(_HeadBase):
 
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _describe(t: Any) -> str:
+    if torch is not None and isinstance(t, torch.Tensor):
+        return (f"a {'' if t.is_contiguous() else 'non-contiguous '}{t.dtype} tensor of {t.numel()} elements on "
+                f"{t.device}")
+    return type(t).__name__
+
+
+def _fill(out: Any, result: Any, name: str) -> Any:
+    """Copies a call's result (a torch tensor or a numpy array) into the caller's `out` of the same
+    element count and type (any shape); returns `out`. ValueError naming `name` otherwise."""
+    if torch is not None and isinstance(result, torch.Tensor):
+        if not isinstance(out, torch.Tensor) or out.numel() != result.numel() or out.dtype != result.dtype:
+            raise ValueError(f"out ({name}): want a {result.dtype} tensor of {result.numel()} elements, got "
+                             f"{_describe(out)}")
+        out.copy_(result.reshape(out.shape))
+        return out
+    r = np.asarray(result)
+    if not isinstance(out, np.ndarray) or out.size != r.size or out.dtype != r.dtype:
+        raise ValueError(f"out ({name}): want a {r.dtype} numpy array of {r.size} elements, got "
+                         f"{_describe(out) if not isinstance(out, np.ndarray) else f'a {out.dtype} array of {out.size}'}")
+    np.copyto(out, r.reshape(out.shape))
+    return out
 
 
 def _code_name(code: int) -> str:

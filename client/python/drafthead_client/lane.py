@@ -27,10 +27,10 @@ _COMPLETION = struct.Struct("<QQiIIIII12II")
 assert _COMPLETION.size == 92
 _COMPLETION_HEADER_BYTES = 512
 _NO_REGION = 0xFFFFFFFF
-_FLAG_PROBS, _FLAG_FENCE = 1, 2
+_FLAG_PROBS, _FLAG_FENCE, _FLAG_IDS64 = 1, 2, 4
 _DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
 _LAYOUT_VERSION = 1
-_ABI_VERSION = 2  # DH_LANE_ABI_VERSION (lane_c_api.h)
+_ABI_VERSION = 3  # DH_LANE_ABI_VERSION (lane_c_api.h)
 _NO_SLICE = (_NO_REGION, 0, 0)
 
 _TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
@@ -107,10 +107,10 @@ def load_library() -> ctypes.CDLL:
     lib.dh_lane_done.argtypes = [c.c_void_p, c.c_uint64]
     lib.dh_lane_completion.restype = c.c_void_p
     lib.dh_lane_completion.argtypes = [c.c_void_p, c.c_uint64]
-    lib.dh_lane_cuda_attach.argtypes = [c.c_void_p, c.c_uint64, c.c_char_p, c.c_size_t]
+    lib.dh_lane_cuda_attach.argtypes = [c.c_void_p, c.c_uint64, c.c_uint64, c.c_char_p, c.c_size_t]
     lib.dh_lane_call_stream.restype = c.c_int64
     lib.dh_lane_call_stream.argtypes = [c.c_void_p, c.c_char_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_int,
-                                        c.c_int64, c.c_char_p, c.c_size_t]
+                                        c.c_int64, c.c_void_p, c.c_uint32, c.c_char_p, c.c_size_t]
     lib.dh_lane_stream_synchronize.argtypes = [c.c_void_p, c.c_int64, c.c_char_p, c.c_size_t]
     if lib.dh_lane_layout_version() != _LAYOUT_VERSION:
         raise LaneUnavailable("FAILED_PRECONDITION", "libdrafthead_lane.so speaks another layout version")
@@ -129,11 +129,12 @@ def local_host_id() -> str:
 
 def _pack(request_id: int, rows: int, hidden_dtype: int, mode: int, logits_dtype: int, head: int, top_k: int,
           return_probs: bool, temperature: float, seed: int, hidden: "tuple[int, int, int]",
-          output: "tuple[int, int, int]", fence: bool = False) -> bytes:
+          output: "tuple[int, int, int]", fence: bool = False, ids64: bool = False) -> bytes:
     """A LaneRequest (128 bytes; seq and the fence word are the library's to write). hidden / output:
     slices (region index, offset, byte_size); region _NO_REGION: none. dh_lane_call and
-    dh_lane_call_stream set the hidden slice themselves and take the output slice slot-relative."""
-    flags = (_FLAG_PROBS if return_probs else 0) | (_FLAG_FENCE if fence else 0)
+    dh_lane_call_stream set the hidden slice themselves and take the output slice slot-relative.
+    ids64: token answers with int64 ids."""
+    flags = (_FLAG_PROBS if return_probs else 0) | (_FLAG_FENCE if fence else 0) | (_FLAG_IDS64 if ids64 else 0)
     return _REQUEST.pack(0, request_id, rows, hidden_dtype, mode, logits_dtype, head, top_k, flags, temperature, 0,
                          seed, hidden[0], 0, hidden[1], hidden[2], output[0], 0, output[1], output[2])
 
@@ -232,7 +233,8 @@ class Lane:
         self._stream: Any = None          # device index -> the current CUstream handle (an int)
         self._cuda_lock = threading.Lock()
         if self._cuda_hidden is not None:
-            rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), msg, len(msg))
+            rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), self._cuda_output.data_ptr(), msg,
+                                         len(msg))
             self.cuda_error = None if rc == 0 else msg.value.decode(errors="replace")
             if rc != 0:
                 self._cuda_hidden = self._cuda_output = None
@@ -248,6 +250,11 @@ class Lane:
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
                 self._stream = raw if raw is not None else (
                     lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+    @property
+    def cuda_device(self) -> Any:
+        """The torch device of the lane's CUDA arenas (None without them)."""
+        return self._cuda_device
 
     @property
     def cuda(self) -> bool:
@@ -283,6 +290,13 @@ class Lane:
             msg = self._tls.msg = ctypes.create_string_buffer(512)
         return msg
 
+    def _copies(self) -> Any:
+        """This thread's array of copy-out triples for dh_lane_call_stream."""
+        c = getattr(self._tls, "copies", None)
+        if c is None:
+            c = self._tls.copies = (ctypes.c_uint64 * 12)()
+        return c
+
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits (on the host) for every stream-ordered call's answer; raises the first failure."""
         h = self._h
@@ -296,15 +310,17 @@ class Lane:
 
     def call_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
                   temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0, wait: bool = True,
-                  timeout: Optional[float] = None) -> Any:
+                  timeout: Optional[float] = None, out_ptrs: Optional["tuple[int, ...]"] = None) -> Any:
         """One call with a torch CUDA tensor x [rows, K] (bf16 or fp32, contiguous, at most max_rows
         rows; on another GPU than the lane's arenas it is copied there first) on the current stream of
         the arenas' device: the library copies the rows into the lane's CUDA arena, fences them and
         makes the stream wait for the answer (one C call), which is copied out of the arena on the
         stream. Returns the logits tensor, or (ids int64, values, probs or None), all ordered on the
-        stream. wait=True also waits on the host (for this call and the earlier ones) and raises a
-        failure at once; wait=False returns at once, and a failure raises at the next call or
-        synchronize() (like an asynchronous CUDA error)."""
+        stream. out_ptrs: the answer goes to the caller's own device memory instead (the logits'
+        address, or those of ids (int64), values and probs (0 without)), copied by that same C call,
+        and the call returns None: no torch op at all. wait=True also waits on the host (for this
+        call and the earlier ones) and raises a failure at once; wait=False returns at once, and a
+        failure raises at the next call or synchronize() (like an asynchronous CUDA error)."""
         torch, pb, h = self._torch, self._pb, self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
@@ -312,19 +328,40 @@ class Lane:
             x = x.to(self._cuda_device)
         rows, K = x.shape
         k = top_k if mode == pb.TOP_K else 1
+        ids64 = out_ptrs is not None and mode != pb.FULL_LOGITS
         if mode == pb.FULL_LOGITS:
             out_bytes = rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
         else:
-            out_bytes = rows * k * (12 if return_probs else 8)
+            out_bytes = rows * k * ((8 if ids64 else 4) + (8 if return_probs else 4))
         d = _pack(request_id, rows, pb.FP32 if x.dtype == torch.float32 else pb.BF16, mode, logits_dtype, head, top_k,
-                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True)
+                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True, ids64=ids64)
         msg = self._msg()
+        tm = -1 if timeout is None else max(0, int(timeout * 1e9))
+        if out_ptrs is not None:
+            # Copies out of the slot: (destination, offset in the slot's answer, bytes) triples.
+            copies = self._copies()
+            if mode == pb.FULL_LOGITS:
+                copies[0:3] = (out_ptrs[0], 0, out_bytes)
+                n_copies = 1
+            else:
+                m = rows * k
+                copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
+                n_copies = 2
+                if return_probs:
+                    copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
+                    n_copies = 3
+            n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
+                                              self._stream(self._cuda_device.index), 1 if wait else 0, tm, copies,
+                                              n_copies, msg, len(msg))
+            if n < 0:
+                self._raise(-n, msg)
+            return None
         # The copy out of the slot is enqueued before another thread's call can enqueue the rows
         # (and so the server's answer) of the slot's next use on the stream.
         with self._cuda_lock:
             n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                              self._stream(self._cuda_device.index), 1 if wait else 0,
-                                              -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+                                              self._stream(self._cuda_device.index), 1 if wait else 0, tm, None, 0,
+                                              msg, len(msg))
             if n < 0:
                 self._raise(-n, msg)
             out = self._cuda_slots[n % self._depth]
