@@ -99,7 +99,7 @@ run_set() {  # TITLE
       echo
       timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" --seconds=1 \
         --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
-        | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 60 || echo 12)
+        | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 90 || echo 12)
       stamp "python $1"
     fi
     unserve

@@ -7,7 +7,7 @@ side by side in one run (alternating rounds, median of the round p50s):
 - original: the in-process original (the seed's Triton fp8 kernel over the full vocabulary, then
   torch's topk / argmax), on a twin of random weights of the server's shape (--seed-file).
 Also the host time per call in the stream-ordered mode (wait=False, no synchronise in the timed
-window). Prints Markdown. --profile=N: then N stream-ordered M=5 TOP_K calls under cProfile (a
+window), with fresh answer tensors and with the caller's own (out=, filled by the lane's C call). Prints Markdown. --profile=N: then N stream-ordered M=5 TOP_K calls under cProfile (a
 synchronise every 8 calls), the 20 largest self times: where the host time of a call goes.
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
@@ -93,6 +93,13 @@ def main():
             return lane.argmax(x, wait=wait)
         return lane.logits(x, dtype="bf16", wait=wait)
 
+    def lane_call_out(x, mode, out, wait=True):
+        if mode == "topk":
+            return lane.topk(x, 8, wait=wait, out=out)
+        if mode == "argmax":
+            return lane.argmax(x, wait=wait, out=out)
+        return lane.logits(x, dtype="bf16", wait=wait, out=out)
+
     def grpc_call(x, mode):
         if mode == "topk":
             return grpc.topk(x, 8)
@@ -102,12 +109,17 @@ def main():
 
     cases = [("topk", m) for m in map(int, args.ms.split(","))] + [("argmax", 1), ("full", 5)]
     title = f" ({args.label})" if args.label else ""
-    print(f"| Python, torch CUDA{title} | grpc p50 us | lane p50 us | lane p99 us | original p50 us | lane / original | lane host us/call, wait=False (p50) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| Python, torch CUDA{title} | grpc p50 us | lane p50 us | lane p99 us | original p50 us | lane / original | "
+          "lane host us/call, wait=False (p50) | same with out= |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, m in cases:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
         lane_call(x, mode)  # opens the lane (with its CUDA arenas) outside the timing
-        res = {"grpc": [], "lane": [], "lane_all": [], "original": [], "nowait": []}
+        V = info["vocab_size"]
+        out = {"topk": lambda: (torch.empty(m, 8, dtype=torch.int64, device=dev), torch.empty(m, 8, device=dev)),
+               "argmax": lambda: (torch.empty(m, dtype=torch.int64, device=dev), torch.empty(m, device=dev)),
+               "full": lambda: torch.empty(m, V, dtype=torch.bfloat16, device=dev)}[mode]()
+        res = {"grpc": [], "lane": [], "lane_all": [], "original": [], "nowait": [], "nowait_out": []}
         for _ in range(args.rounds):
             res["grpc"].append(p(timed(lambda: grpc_call(x, mode), args.seconds), 0.5))
             lat = timed(lambda: lane_call(x, mode), args.seconds)
@@ -117,24 +129,31 @@ def main():
                 res["original"].append(p(timed(lambda: original(x, mode), args.seconds), 0.5))
             res["nowait"].append(p(timed(lambda: lane_call(x, mode, wait=False), args.seconds, sync=False), 0.5))
             lane.synchronize()
+            res["nowait_out"].append(p(timed(lambda: lane_call_out(x, mode, out, wait=False), args.seconds,
+                                             sync=False), 0.5))
+            lane.synchronize()
         med = {k: statistics.median(v) if v else float("nan") for k, v in res.items() if k != "lane_all"}
         label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
         ratio = med["lane"] / med["original"] if original is not None else float("nan")
         print(f"| {label} | {med['grpc']:.0f} | {med['lane']:.0f} | {p(res['lane_all'], 0.99):.0f} | "
-              f"{med['original']:.0f} | {ratio:.2f} | {med['nowait']:.0f} |", flush=True)
+              f"{med['original']:.0f} | {ratio:.2f} | {med['nowait']:.0f} | {med['nowait_out']:.0f} |", flush=True)
     if args.profile > 0:
         x = torch.randn(5, K, device=dev).to(torch.bfloat16)
         lane_call(x, "topk")
-        prof = cProfile.Profile()
-        prof.enable()
-        for i in range(args.profile):
-            lane_call(x, "topk", wait=False)
-            if i % 8 == 7:
-                lane.synchronize()
-        prof.disable()
-        lane.synchronize()
-        print(f"\ncProfile of {args.profile} stream-ordered M=5 TOP_K calls (self time; a synchronise every 8):")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        out = (torch.empty(5, 8, dtype=torch.int64, device=dev), torch.empty(5, 8, device=dev))
+        for label, call in (("fresh answer tensors", lambda: lane_call(x, "topk", wait=False)),
+                            ("out=", lambda: lane_call_out(x, "topk", out, wait=False))):
+            prof = cProfile.Profile()
+            prof.enable()
+            for i in range(args.profile):
+                call()
+                if i % 8 == 7:
+                    lane.synchronize()
+            prof.disable()
+            lane.synchronize()
+            print(f"\ncProfile of {args.profile} stream-ordered M=5 TOP_K calls, {label} (self time; a synchronise "
+                  "every 8):")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(15)
     lane.close()
     grpc.close()
 
