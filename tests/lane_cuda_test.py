@@ -123,6 +123,28 @@ class LaneCudaTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"out \(logits\)"):
             self.lane.logits(x, out=torch.empty(3, 7, dtype=torch.bfloat16, device="cuda"))
 
+    def test_calls_from_two_streams_keep_their_answers(self):
+        # Two streams take turns on one lane, around its slots many times (stream-ordered): each
+        # call's answer is its own (a slot's next call on the other stream waits for the previous
+        # answer's copy-out: the lane's consumed words).
+        depth = self.lane.lane()._depth
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        for i in range(REPEAT):
+            xs = [torch.randn(1 + j % 7, self.K, device="cuda").to(torch.bfloat16) for j in range(3 * depth)]
+            torch.cuda.synchronize()
+            got = []
+            for j, x in enumerate(xs):
+                with torch.cuda.stream(streams[(j + i) % 2]):
+                    if j % 5 == 0:
+                        torch.cuda._sleep(100_000)  # this stream a little behind the other
+                    got.append(self.lane.topk(x, 3, wait=False))
+            self.lane.synchronize()
+            torch.cuda.synchronize()
+            for x, g in zip(xs, got):
+                want = self.grpc.topk(x, 3)
+                self.eq(g.ids, want.ids)
+                self.eq(g.values, want.values)
+
     def test_rows_written_just_before_the_call_are_fenced(self):
         # The rows come out of work still queued on the stream when the call is made: the server
         # must wait for the stream's fence, not read stale rows.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -22,7 +23,7 @@ using CUresult = int;
 using CUdeviceptr = unsigned long long;
 using CUstream = void*;
 constexpr unsigned kHostRegisterPortable = 0x01, kHostRegisterDeviceMap = 0x02;
-constexpr unsigned kWaitValueEq = 0x1;
+constexpr unsigned kWaitValueGeq = 0x0, kWaitValueEq = 0x1;
 
 struct CudaApi {
   CUresult (*MemHostRegister)(void*, size_t, unsigned) = nullptr;
@@ -75,6 +76,8 @@ LaneCuda::~LaneCuda() {
   stop_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
+  if (consumed_registered_) Api().MemHostUnregister(consumed_);
+  std::free(consumed_);
 }
 
 LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t output_arena) {
@@ -90,6 +93,19 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   r = api.MemHostGetDevicePointer(&d, ring->base(), 0);
   if (r != 0) return CudaFailed("cuMemHostGetDevicePointer", r);
   device_base_ = d;
+  // The consumed words, one a slot, written by the caller's streams (page-aligned for the register).
+  const size_t consumed_bytes = (ring->depth() * sizeof(uint32_t) + 4095) / 4096 * 4096;
+  consumed_ = static_cast<uint32_t*>(std::aligned_alloc(4096, consumed_bytes));
+  if (consumed_ == nullptr) return LaneError{8, "out of memory for the lane's consumed words"};
+  std::memset(consumed_, 0, consumed_bytes);
+  r = api.MemHostRegister(consumed_, consumed_bytes, kHostRegisterPortable | kHostRegisterDeviceMap);
+  if (r != 0) return CudaFailed("cuMemHostRegister of the consumed words", r);
+  consumed_registered_ = true;
+  r = api.MemHostGetDevicePointer(&d, consumed_, 0);
+  if (r != 0) return CudaFailed("cuMemHostGetDevicePointer (the consumed words)", r);
+  consumed_device_ = d;
+  slot_stream_.assign(ring->depth(), nullptr);
+  slot_consumed_.assign(ring->depth(), 0);
   // A stream waiting on an answer the server will never write would hang: once the server is
   // gone, answer what is outstanding here (UNAVAILABLE), which releases such streams.
   watchdog_ = std::thread([this] {
@@ -139,7 +155,21 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   if (LaneError e = ring_->Reserve(deadline_ns, &n); !e.ok()) return e;
   const CudaApi& api = Api();
   const uint32_t slot = static_cast<uint32_t>(n % ring_->depth());
-  CUresult cr = api.MemcpyDtoDAsync(hidden_arena_ + slot * ring_->config().hidden_slot_bytes, hidden, hidden_bytes,
+  const CUdeviceptr consumed = consumed_device_ + slot * sizeof(uint32_t);
+  CUresult cr = 0;
+  // The slot's previous answer may still be waiting for its copy-out on another stream: the server
+  // must not overwrite it (it writes this call's answer once it sees this call's fence), so this
+  // stream waits for that copy-out's consumed word first. On the same stream, stream order does.
+  const uint64_t prev = slot_consumed_[slot];  // seq + 1 of the slot's previous call with copies; 0: none
+  const uint32_t word = static_cast<uint32_t>(prev);
+  if (prev != 0 && slot_stream_[slot] != stream && __atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) != word) {
+    cr = api.StreamWaitValue32(stream, consumed, word, kWaitValueGeq);
+    if (cr != 0) {
+      ring_->Cancel(n);
+      return CudaFailed("cuStreamWaitValue32 (the slot's previous copy-out)", cr);
+    }
+  }
+  cr = api.MemcpyDtoDAsync(hidden_arena_ + slot * ring_->config().hidden_slot_bytes, hidden, hidden_bytes,
                                     stream);
   if (cr != 0) {
     ring_->Cancel(n);
@@ -156,9 +186,16 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   cr = api.StreamWaitValue32(stream, device_base_ + ring_->done_offset(n), static_cast<uint32_t>(n + 1),
                              kWaitValueEq);
   if (cr != 0) return CudaFailed("cuStreamWaitValue32 (the answer)", cr);
+  slot_stream_[slot] = stream;
+  slot_consumed_[slot] = 0;  // unknown until the copies below are enqueued (none: the caller's own)
   for (uint32_t i = 0; i < n_merged; ++i) {
     cr = api.MemcpyDtoDAsync(merged[i].dst, output_arena_ + slot * area + merged[i].offset, merged[i].bytes, stream);
     if (cr != 0) return CudaFailed("cuMemcpyDtoDAsync (the answer out of the lane's arena)", cr);
+  }
+  if (n_merged > 0) {
+    cr = api.StreamWriteValue32(stream, consumed, static_cast<uint32_t>(n + 1), 0);
+    if (cr != 0) return CudaFailed("cuStreamWriteValue32 (the answer's consumed word)", cr);
+    slot_consumed_[slot] = n + 1;
   }
   *seq = n;
   if (!wait) return {};

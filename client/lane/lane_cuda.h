@@ -10,6 +10,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "client/lane/lane_ring.h"
 
@@ -43,6 +44,9 @@ class LaneCuda {
   // and makes the stream wait for the answer, then copies `copies` (n of them, <= kMaxCopies;
   // adjacent ones as one copy; each inside the slot's output area, else INVALID_ARGUMENT before
   // anything is submitted) out of the slot; all on the stream, the host waits for no GPU work.
+  // Calls on several streams are safe with copies (a slot's next call waits for the previous
+  // one's copies); with none, the caller's own reads of the slot must come before the slot's next
+  // call in stream order (one stream).
   // wait: also wait on the host for this call (and every earlier one), returning its failure.
   // *seq: the submission (its answer lands in the slot's CUDA output area, ordered on the stream).
   LaneError Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
@@ -61,6 +65,14 @@ class LaneCuda {
   unsigned long long device_base_ = 0;
   uint64_t hidden_arena_ = 0;
   uint64_t output_arena_ = 0;
+  // A word a slot in host memory mapped for the device: a call's stream writes (seq + 1) there once
+  // its copies out of the slot are done, and the slot's next call, if on another stream, waits for
+  // it before its fence (so the server cannot overwrite an answer not yet copied out).
+  uint32_t* consumed_ = nullptr;
+  bool consumed_registered_ = false;
+  unsigned long long consumed_device_ = 0;
+  std::vector<void*> slot_stream_;       // the stream of each slot's last call (guarded by mu_)
+  std::vector<uint64_t> slot_consumed_;  // its seq + 1 if it writes the consumed word; 0: none (mu_)
   std::mutex mu_;
   std::deque<uint64_t> pending_;  // submitted, answer not yet seen by the host (oldest first)
   LaneError deferred_;            // the first failure among them, returned by the next call

@@ -512,42 +512,45 @@ class RemoteDraftHead(_HeadBase):
     def _lane_tensor(self, lane: Lane, hidden: Any, mode: int, wait: bool, timeout: Optional[float],
                      out: Any = None, **fields: Any) -> Any:
         """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
-        the logits [..., V], or [ids, values, probs] ([..., k]), all on the caller's stream. out: the
-        caller's tensors (the logits, or [ids, values, probs or None], _check_out's rules), which the
-        answers are copied into by the lane's own C call (no torch op) and which come back."""
+        the logits [..., V], or [ids, values, probs or None] ([..., k]; [...] for ARGMAX and SAMPLE),
+        ordered on the caller's stream, in tensors allocated here or in the caller's `out` (_check_out's
+        rules), which the lane's own C call copies the answers into (each chunk of max_rows rows at its
+        rows' offset: no slicing, no concatenation)."""
         K = self.info()["hidden_size"]
         if hidden.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
-        lead = tuple(hidden.shape[:-1])
         x = hidden if hidden.dim() == 2 else hidden.reshape(-1, K)  # read by address only: no detach
         if x.dtype not in (torch.bfloat16, torch.float32):
             x = x.to(torch.float32)
         if not x.is_contiguous():
             x = x.contiguous()
-        if x.shape[0] == 0:
-            raise ValueError("hidden: no rows")
-        chunk = max(1, self.info()["max_rows"])
         rows = x.shape[0]
-        if out is not None:
-            # Addresses and bytes a row of each output: chunk r0 writes at address + r0 x bytes.
+        if rows == 0:
+            raise ValueError("hidden: no rows")
+        if out is None:
+            # Every torch op costs host time (the stream-ordered call's budget): the answers'
+            # tensors in their final shapes, and nothing else.
+            dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
+            if mode == pb.FULL_LOGITS:
+                V = self.info()["vocab_size"]
+                dtype = torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16
+                out = torch.empty(lead + (V,), dtype=dtype, device=dev)
+                per_row = [(out.data_ptr(), V * out.element_size())]
+            else:
+                k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+                shape = lead + ((k,) if mode == pb.TOP_K else ())
+                out = [torch.empty(shape, dtype=torch.int64, device=dev), torch.empty(shape, dtype=torch.float32,
+                                                                                      device=dev),
+                       torch.empty(shape, dtype=torch.float32, device=dev) if fields.get("return_probs") else None]
+                per_row = [(out[0].data_ptr(), 8 * k), (out[1].data_ptr(), 4 * k),
+                           (out[2].data_ptr(), 4 * k) if out[2] is not None else (0, 0)]
+        else:
             per_row = self._check_out(out, mode, rows, lane, **fields)
-            for r0 in range(0, rows, chunk):
-                lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
-                               timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
-            return out
-        # Every torch op costs host time (the stream-ordered call's budget): one call of rows <=
-        # max_rows (the common case) slices, concatenates and reshapes nothing it need not.
-        parts = [lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
-                                timeout=timeout, **fields)
-                 for r0 in range(0, rows, chunk)]
-        if mode == pb.FULL_LOGITS:
-            out = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return out if lead == (rows,) else out.reshape(lead + (out.shape[-1],))
-        k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
-        shape = lead + ((k,) if mode == pb.TOP_K else ())
-        cat = [None if parts[0][i] is None else (parts[0][i] if len(parts) == 1 else torch.cat([p[i] for p in parts]))
-               for i in range(3)]
-        return [t if t is None or tuple(t.shape) == shape else t.reshape(shape) for t in cat]
+        chunk = max(1, self.info()["max_rows"])
+        for r0 in range(0, rows, chunk):
+            lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
+                           timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
+        return out
 
     def _check_out(self, out: Any, mode: int, rows: int, lane: Lane, **fields: Any) -> List[Tuple[int, int]]:
         """The caller's output tensors for a call over the lane's CUDA arenas: contiguous torch tensors

@@ -229,9 +229,7 @@ class Lane:
             self._output_words.append(np.frombuffer(self._outputs[-1], dtype="<u4"))
         self._torch: Any = None
         self._cuda_device: Any = None
-        self._cuda_slots: List[Any] = []  # each slot's area of the CUDA output arena: dtype -> view
         self._stream: Any = None          # device index -> the current CUstream handle (an int)
-        self._cuda_lock = threading.Lock()
         if self._cuda_hidden is not None:
             rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), self._cuda_output.data_ptr(), msg,
                                          len(msg))
@@ -242,9 +240,6 @@ class Lane:
                 import torch
                 self._torch = torch
                 self._cuda_device = self._cuda_output.device
-                # Each slot's output area as int32, float32 and bfloat16 (the answers' types).
-                areas = [self._cuda_output[i * self._output_slot:(i + 1) * self._output_slot] for i in range(self._depth)]
-                self._cuda_slots = [{t: a.view(t) for t in (torch.int32, torch.float32, torch.bfloat16)} for a in areas]
                 # The raw handle without a torch.cuda.Stream object per call (torch's own fast path;
                 # the public one where a torch lacks it).
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -308,70 +303,47 @@ class Lane:
         if rc != 0:
             self._raise(rc, msg)
 
-    def call_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
-                  temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0, wait: bool = True,
-                  timeout: Optional[float] = None, out_ptrs: Optional["tuple[int, ...]"] = None) -> Any:
+    def call_cuda(self, *, mode: int, x: Any, out_ptrs: "tuple[int, ...]", logits_dtype: int = 0, top_k: int = 0,
+                  return_probs: bool = False, temperature: float = 0.0, seed: int = 0, head: int = 0,
+                  request_id: int = 0, wait: bool = True, timeout: Optional[float] = None) -> None:
         """One call with a torch CUDA tensor x [rows, K] (bf16 or fp32, contiguous, at most max_rows
         rows; on another GPU than the lane's arenas it is copied there first) on the current stream of
-        the arenas' device: the library copies the rows into the lane's CUDA arena, fences them and
-        makes the stream wait for the answer (one C call), which is copied out of the arena on the
-        stream. Returns the logits tensor, or (ids int64, values, probs or None), all ordered on the
-        stream. out_ptrs: the answer goes to the caller's own device memory instead (the logits'
-        address, or those of ids (int64), values and probs (0 without)), copied by that same C call,
-        and the call returns None: no torch op at all. wait=True also waits on the host (for this
-        call and the earlier ones) and raises a failure at once; wait=False returns at once, and a
-        failure raises at the next call or synchronize() (like an asynchronous CUDA error)."""
+        the arenas' device, in one C call and no torch op: the library copies the rows into the lane's
+        CUDA arena, fences them, makes the stream wait for the answer and copies it to out_ptrs (device
+        addresses on the arenas' GPU: the logits [rows, V], or ids (int64, the server writes them so),
+        values and probs (0 without), [rows, k] each), all ordered on the stream. wait=True also waits
+        on the host (for this call and the earlier ones) and raises a failure at once; wait=False
+        returns at once, and a failure raises at the next call or synchronize() (like an asynchronous
+        CUDA error)."""
         torch, pb, h = self._torch, self._pb, self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
         if x.device != self._cuda_device:
             x = x.to(self._cuda_device)
-        rows, K = x.shape
-        k = top_k if mode == pb.TOP_K else 1
-        ids64 = out_ptrs is not None and mode != pb.FULL_LOGITS
+        rows = x.shape[0]
+        copies = self._copies()  # (destination, offset in the slot's answer, bytes) triples
         if mode == pb.FULL_LOGITS:
             out_bytes = rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
+            copies[0:3] = (out_ptrs[0], 0, out_bytes)
+            n_copies = 1
         else:
-            out_bytes = rows * k * ((8 if ids64 else 4) + (8 if return_probs else 4))
+            m = rows * (top_k if mode == pb.TOP_K else 1)
+            out_bytes = m * (16 if return_probs else 12)
+            copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
+            n_copies = 2
+            if return_probs:
+                copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
+                n_copies = 3
         d = _pack(request_id, rows, pb.FP32 if x.dtype == torch.float32 else pb.BF16, mode, logits_dtype, head, top_k,
-                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True, ids64=ids64)
+                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
+                  ids64=mode != pb.FULL_LOGITS)
         msg = self._msg()
-        tm = -1 if timeout is None else max(0, int(timeout * 1e9))
-        if out_ptrs is not None:
-            # Copies out of the slot: (destination, offset in the slot's answer, bytes) triples.
-            copies = self._copies()
-            if mode == pb.FULL_LOGITS:
-                copies[0:3] = (out_ptrs[0], 0, out_bytes)
-                n_copies = 1
-            else:
-                m = rows * k
-                copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
-                n_copies = 2
-                if return_probs:
-                    copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
-                    n_copies = 3
-            n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                              self._stream(self._cuda_device.index), 1 if wait else 0, tm, copies,
-                                              n_copies, msg, len(msg))
-            if n < 0:
-                self._raise(-n, msg)
-            return None
-        # The copy out of the slot is enqueued before another thread's call can enqueue the rows
-        # (and so the server's answer) of the slot's next use on the stream.
-        with self._cuda_lock:
-            n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                              self._stream(self._cuda_device.index), 1 if wait else 0, tm, None, 0,
-                                              msg, len(msg))
-            if n < 0:
-                self._raise(-n, msg)
-            out = self._cuda_slots[n % self._depth]
-            if mode == pb.FULL_LOGITS:
-                return out[torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16][:rows * self._vocab].view(
-                    rows, self._vocab).clone()
-            m = rows * k
-            ids = out[torch.int32][:m].view(rows, k).to(torch.int64)
-            floats = out[torch.float32][m:(3 if return_probs else 2) * m].clone()  # values, then probs: one copy
-        return ids, floats[:m].view(rows, k), floats[m:].view(rows, k) if return_probs else None
+        n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
+                                          self._stream(self._cuda_device.index), 1 if wait else 0,
+                                          -1 if timeout is None else max(0, int(timeout * 1e9)), copies, n_copies,
+                                          msg, len(msg))
+        if n < 0:
+            self._raise(-n, msg)
 
     def compute(self, req: Any, timeout: Optional[float]) -> "LaneAnswer":
         """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
