@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
     };
 
     uint32_t xbuf = smem0, next_buf = smem0;
-    int chunk_step0 = 0, next_q = 0, next_len = 0;
+    int chunk_step0 = 0, cur_len = 0, next_q = 0, next_len = 0;
     for (int s0 = 0; s0 < S; s0 += D) {
       if (s0 == S / 2) {
         // K in two halves, as every mma.sync kernel adds them: the first half's sums wait in y
@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
         ++cq;
         const int q = s0 / C;
         chunk_step0 = s0;
+        cur_len = min(C, S - s0);
         xbuf = smem0 + (nchunks > 1 ? (cq & 1) * buf_bytes : 0u);
         next_buf = smem0 + ((cq + 1) & 1) * buf_bytes;
         next_q = q + 1 < nchunks ? q + 1 : 0;
@@ -247,7 +248,10 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
       for (int d = 0; d < D; ++d) {
         const int s = s0 + d, ls = s - chunk_step0;
         if (ls < next_len) {
-          StageXStep<NB>(a, next_buf, next_q * C + ls, ls);
+          // One step of the next chunk a step of this one; all the rest at this chunk's last step
+          // (the last chunk may be shorter than the first, which follows it).
+          const int upto = ls == cur_len - 1 ? next_len : ls + 1;
+          for (int j = ls; j < upto; ++j) StageXStep<NB>(a, next_buf, next_q * C + j, j);
           CpAsyncCommit();
         }
         const uint32_t scale2 = ScalePair<kConvPrmt>(eq[d]);
