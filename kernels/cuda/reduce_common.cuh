@@ -15,6 +15,15 @@ namespace drafthead::cuda::epilogue {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
+// The softmax partial's pieces (kernels/cpu/shard_reduce.cc computes the sum in double): v / T in
+// fp32, with no division when T == 1 (which gives v exactly), and one term exp(v / T - max) of the
+// sum in fp32: the difference rounds once, so a term's relative error stays below
+// |v / T - max| x 2^-24 plus expf's 2 ulp (< 1e-6 for every term that moves the sum; the partial
+// is stored as a float anyway). Callers add the terms in double. A double-precision exp a column
+// (dozens of half-rate DP instructions) was most of the TOP_K epilogue's instructions.
+__device__ __forceinline__ float Scaled(float v, float T) { return T == 1.f ? v : v / T; }
+__device__ __forceinline__ float SumTerm(float scaled, float max_scaled) { return expf(scaled - max_scaled); }
+
 // A reduced row's block in the payload: SoftmaxPartial, then k Candidate records (4-byte
 // aligned only: written word by word).
 __device__ __forceinline__ void WriteCandidate(uint8_t* out, const Candidate& c, uint32_t i) {

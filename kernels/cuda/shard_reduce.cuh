@@ -3,8 +3,9 @@
 // to bf16 (RNE, kernels/numeric.h FloatToBf16), TOP_K / ARGMAX / SAMPLE rows reduced to a
 // SoftmaxPartial and k Candidate records (kernels/candidate.h), exactly as
 // kernels/cpu/shard_reduce.cc does: same order (larger key first, ties to the smaller id, NaN
-// last), same SampleKey noise, same partials (max of logit / T in fp32; the sum of exp in double,
-// summed in another order, so equal to ~1 ulp).
+// last), same SampleKey noise, same partials (max of logit / T in fp32, bit for bit; the sum of
+// exp, fp32 terms added in double here and double terms on the CPU, summed in another order, so
+// equal to well within 1e-6 relative; reduce_common.cuh's SumTerm).
 //
 // This file is the entry point and the dispatch (shard_reduce.cu); the kernel families are
 //   full_logits.cuh   FULL_LOGITS rows;

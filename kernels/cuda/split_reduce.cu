@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kSplitThreads) SplitKernel(const float* __rest
     sv[j] = v;
     const uint64_t key = TopKKey(v, idb + static_cast<uint32_t>(j));
     tm = key > tm ? key : tm;
-    best = Better(best, MaxAt{v / T, j});
+    best = Better(best, MaxAt{Scaled(v, T), j});
   });
   const float gmax = BlockMaxAndThreshold(best, tm, k, sh);
 
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kSplitThreads) SplitKernel(const float* __rest
       if (j + u < len) {
         const float v = sv[j + u];
         if (finite_max)
-          sum += exp(static_cast<double>(v / T) - static_cast<double>(gmax));
+          sum += static_cast<double>(SumTerm(Scaled(v, T), gmax));
         else
           has_nan |= v != v;
       }

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kTopKThreads, 1) TopKKernel(const float* __res
   for (int64_t j = threadIdx.x; j < n_valid; j += kTopKThreads) {
     const float v = src[j];
     if (in_smem) staged[j] = v;
-    best = Better(best, MaxAt{v / T, j});
+    best = Better(best, MaxAt{Scaled(v, T), j});
   }
   best = WarpBetter(best);
   if (lane == 0) red[warp] = best;
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kTopKThreads, 1) TopKKernel(const float* __res
       const uint32_t pos = atomicAdd(&s_count, 1u);
       if (pos < kMaxTopK) keys[pos] = key;
     }
-    if (finite_max) sum += exp(static_cast<double>(v / T) - static_cast<double>(gmax));
+    if (finite_max) sum += static_cast<double>(SumTerm(Scaled(v, T), gmax));
   }
   const double total = BlockSumDouble(sum, dred);
   __syncthreads();
