@@ -37,6 +37,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -478,6 +479,7 @@ int Main() {
 }  // namespace drafthead::fake
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as drafthead-server does
   drafthead::SetProgramInfo("drafthead-fake-server", "drafthead-fake-server: an instant DraftHead server for tests");
   std::vector<std::string> storage;
   std::vector<char*> args = drafthead::NormalizeFlagNames(argc, argv, storage);
