@@ -24,8 +24,8 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD with a limit, output to $out/NAME
 }
 for what in "${@:-all}"; do
   if [[ $what == new ]]; then
-    step new_tests 120 cuda_kernels_test --gtest_filter="${NEW:-*FragmentOrder*}"
-    grep -E "fragment order:|Failure|Expected|Which is|m=" "$out/new_tests.log" | head -20
+    step new_tests 240 cuda_kernels_test --gtest_filter="${NEW:-*FragmentOrder*}"
+    grep -E "fragment order:|wgmma:|Failure|Expected|Which is|m=" "$out/new_tests.log" | head -30
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
