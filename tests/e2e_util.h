@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +74,9 @@ class ServerProcess {
     args.insert(args.begin(), BinDir() + "/" + program);
     pid_ = fork();
     if (pid_ == 0) {
+      // A test that dies (an abort, a sanitizer's report) takes its server with it: a server left
+      // holding the test's stdout would keep ctest waiting until its timeout.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       FILE* f = std::freopen(log_.c_str(), "w", stderr);
       (void)f;
       std::vector<char*> a;
