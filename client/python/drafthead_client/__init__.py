@@ -17,6 +17,9 @@ Inputs and what comes back:
   token results as numpy.
 Leading dimensions are kept: hidden [B, S, K] gives logits [B, S, V] and ids [B, S, k] ([B, S] for
 argmax and sample). More rows than the server's max_rows are sent as several calls, in order.
+Every call takes out= (torch's convention): your own arrays or tensors of the result's types and
+element counts, filled and returned; with torch CUDA tensors over a same-host lane they are
+written by the lane itself on your stream, with no torch op or allocation a call.
 
 Errors raise DraftHeadError (a RuntimeError) carrying the gRPC status code name; an in-band error
 in a response raises it too. UNAVAILABLE is retried with exponential backoff (bounded attempts),
