@@ -538,15 +538,14 @@ class RemoteDraftHead(_HeadBase):
                 V = self.info()["vocab_size"]
                 dtype = torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16
                 out = torch.empty(lead + (V,), dtype=dtype, device=dev)
-                per_row = [(out.data_ptr(), V * out.element_size())]
+                per_row = _row_spans([out], V)
             else:
                 k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
                 shape = lead + ((k,) if mode == pb.TOP_K else ())
                 out = [torch.empty(shape, dtype=torch.int64, device=dev), torch.empty(shape, dtype=torch.float32,
                                                                                       device=dev),
                        torch.empty(shape, dtype=torch.float32, device=dev) if fields.get("return_probs") else None]
-                per_row = [(out[0].data_ptr(), 8 * k), (out[1].data_ptr(), 4 * k),
-                           (out[2].data_ptr(), 4 * k) if out[2] is not None else (0, 0)]
+                per_row = _row_spans(out, k)
         else:
             per_row = self._check_out(out, mode, rows, lane, **fields)
         chunk = max(1, self.info()["max_rows"])
@@ -562,28 +561,21 @@ class RemoteDraftHead(_HeadBase):
         any shape. Returns (address, bytes a row) for each (0, 0 for no probs); ValueError naming the
         tensor otherwise."""
         if mode == pb.FULL_LOGITS:
-            want = [("logits", out, torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16,
-                     self.info()["vocab_size"])]
+            n = self.info()["vocab_size"]
+            parts = [out]
+            want = [("logits", torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16)]
         else:
-            k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
-            probs = bool(fields.get("return_probs"))
-            parts = list(out)
-            if len(parts) not in (2, 3) or (probs and (len(parts) < 3 or parts[2] is None)) or \
-                    (not probs and len(parts) == 3 and parts[2] is not None):
-                raise ValueError("out: (ids, values) or (ids, values, probs), probs exactly when probs=True")
-            want = [("ids", parts[0], torch.int64, k), ("values", parts[1], torch.float32, k)]
-            if probs:
-                want.append(("probs", parts[2], torch.float32, k))
-        per_row = []
-        for name, t, dtype, n in want:
+            n = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+            parts = _token_outs(out, bool(fields.get("return_probs")))
+            want = [("ids", torch.int64), ("values", torch.float32), ("probs", torch.float32)]
+        for t, (name, dtype) in zip(parts, want):
+            if t is None:
+                continue
             if not isinstance(t, torch.Tensor) or t.device != lane.cuda_device or t.dtype != dtype or \
                     not t.is_contiguous() or t.numel() != rows * n:
                 raise ValueError(f"out ({name}): want a contiguous {dtype} tensor of {rows} x {n} elements on "
                                  f"{lane.cuda_device}, got {_describe(t)}")
-            per_row.append((t.data_ptr(), n * t.element_size()))
-        while len(per_row) < 3 and mode != pb.FULL_LOGITS:
-            per_row.append((0, 0))
-        return per_row
+        return _row_spans(parts, n)
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every call made with wait=False (torch CUDA tensors over a lane) to be answered,
@@ -606,10 +598,8 @@ class RemoteDraftHead(_HeadBase):
                                             temperature=temperature, seed=seed), timeout)
         if out is None:
             return got
-        parts = list(out) + [None] * (3 - len(out))
-        if len(parts) != 3 or (parts[2] is None) != (got[2] is None):
-            raise ValueError("out: (ids, values) or (ids, values, probs), probs exactly when probs=True")
-        return [None if o is None else _fill(o, r, name) for o, r, name in zip(parts, got, ("ids", "values", "probs"))]
+        return [None if o is None else _fill(o, r, name)
+                for o, r, name in zip(_token_outs(out, got[2] is not None), got, ("ids", "values", "probs"))]
 
     def _drive(self, plan: Plan[T], timeout: Optional[float]) -> T:
         """Runs a plan: each request it yields goes through _compute, in order."""
@@ -718,6 +708,23 @@ def _describe(t: Any) -> str:
         return (f"a {'' if t.is_contiguous() else 'non-contiguous '}{t.dtype} tensor of {t.numel()} elements on "
                 f"{t.device}")
     return type(t).__name__
+
+
+def _token_outs(out: Any, probs: bool) -> List[Any]:
+    """A token call's out= as [ids, values, probs or None]: (ids, values) or (ids, values, probs),
+    probs exactly when the call asks for them; ValueError otherwise."""
+    parts = list(out)
+    if len(parts) == 2:
+        parts.append(None)
+    if len(parts) != 3 or (parts[2] is not None) != probs:
+        raise ValueError("out: (ids, values) or (ids, values, probs), probs exactly when probs=True")
+    return parts
+
+
+def _row_spans(tensors: List[Any], n: int) -> List[Tuple[int, int]]:
+    """(address, bytes) of one row of n elements of each tensor ((0, 0) for None): a chunk of rows
+    from row r0 goes to address + r0 x bytes."""
+    return [(0, 0) if t is None else (t.data_ptr(), n * t.element_size()) for t in tensors]
 
 
 def _fill(out: Any, result: Any, name: str) -> Any:

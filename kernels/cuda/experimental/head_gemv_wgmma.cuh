@@ -163,9 +163,9 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
   const uint32_t buf_bytes = static_cast<uint32_t>(C) * XStepBytes(NB);
 
   if constexpr (PDL) LetDependentsLaunch();
-  bool x_started = false;
   int cq = -1;  // sequence number of the chunk being computed (its buffer: cq & 1)
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWgmmaWarps; base < nblk;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWgmmaWarps;
+  for (int64_t base = first; base < nblk;
        base += static_cast<int64_t>(gridDim.x) * kWgmmaWarps) {
     const int64_t blk = base + warp;
     const bool active = blk < nblk;
@@ -185,11 +185,10 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
     };
 #pragma unroll
     for (int d = 0; d < D; ++d) load(d, d);
-    if (!x_started) {  // chunk 0 into buffer 0 (later rounds find it staged by the previous one)
+    if (base == first) {  // chunk 0 into buffer 0 (later rounds find it staged by the previous one)
       if constexpr (PDL) WaitForPrerequisites();
       for (int ls = 0; ls < min(C, S); ++ls) StageXStep<NB>(a, smem0, ls, ls);
       CpAsyncCommit();
-      x_started = true;
     }
 
     float acc[RT][kAcc];
