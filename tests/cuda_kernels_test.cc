@@ -488,7 +488,7 @@ TEST(CudaGemvShapes, FragmentOrderOddShapes) {
   }
 }
 
-// Issue 23's wgmma kernels (head_gemv_wgmma.cuh; experimental): every M above 16 on the real
+// Issue 23's wgmma kernels (head_gemv_wgmma.cuh; production above 16 rows as 801): every M above 16 on the real
 // shard (800: mma.sync up to 16 rows, wgmma above), every M on it for the all-wgmma dispatch (810),
 // each variant on the full vocabulary and on CTAs with fewer units than warps (n = 1000, 17).
 TEST_F(CudaGemv, WgmmaVariantsAreCorrect) {

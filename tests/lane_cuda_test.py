@@ -43,6 +43,10 @@ class LaneCudaTest(unittest.TestCase):
         cls.lane = dc.RemoteDraftHead(cls.target, lane="required", timeout=60)
         cls.grpc = dc.RemoteDraftHead(cls.target, lane="off", timeout=60)
         cls.K = cls.grpc.info()["hidden_size"]
+        # The lane with its CUDA arenas, whichever test runs first: a lane opened without a device
+        # (lane() alone, or a first call with host rows) carries CUDA tensors through the host.
+        opened = cls.lane.lane(cuda_device=torch.device("cuda", torch.cuda.current_device()))
+        assert opened.cuda, opened.cuda_error
 
     @classmethod
     def tearDownClass(cls):

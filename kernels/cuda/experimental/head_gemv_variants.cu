@@ -1,8 +1,8 @@
 #include "kernels/cuda/experimental/head_gemv_variants.cuh"
 
 #include "kernels/cuda/head_gemv_kernel.cuh"
+#include "kernels/cuda/head_gemv_wgmma.cuh"
 #include "kernels/cuda/experimental/head_gemv_ring.cuh"
-#include "kernels/cuda/experimental/head_gemv_wgmma.cuh"
 
 namespace drafthead::cuda {
 namespace {

@@ -26,12 +26,12 @@ namespace drafthead::cuda {
 // row-major buckets (16 warps x 16 rows up to M = 16, no K split) on packed codes, 702 = depth 2
 // (depth 8, run 1's 708, is gone: a half of the padded steps must be whole rounds), 740 / 741 = 700 with
 // lane 0 prefetching the tile's stream into L2 8 / 16 steps ahead, 750 = 700 with PDL, 760 = 32
-// warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the production dispatch
-// (DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
+// warps a CTA with K split in 2, depth 2 (M <= 16); 770 = the mma.sync dispatch
+// (production until wgmma; DispatchPacked<2, 2>: 760 for M <= 16, 8 warps x 32 rows at depth 2 above), 771 = 770 with PDL, 773 = 770 with the 8-step L2 prefetch for
 // M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
 // on every SM (GemvConfig's BAL; M <= 16). Issue 23, wgmma (head_gemv_wgmma.cuh, packed codes):
-// 800 = the production dispatch for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
-// PDL, 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
+// 800 = mma.sync for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
+// PDL (the production dispatch since 2026-12-05), 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
 // registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805.
 // Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.

@@ -1,12 +1,12 @@
-// The fp8 GEMV on wgmma (issue 23, experimental): the warpgroup MMA of sm_90a with the dequantized
-// weights as the register operand A and x^T from shared memory as B, for the buckets where
-// mma.sync is issue-bound (M > 16: 64 HMMA + 16 LDS.128 per warp and 2 KB step at M = 64; here 8
-// wgmma and no x loads). Same codes (fragment order, PackFp8Codes), same dequantization, same k16
-// groups in the same order and K in the same two halves as the mma.sync kernels of
-// head_gemv_kernel.cuh, so that a row's outputs can match theirs bit for bit (whether the two
-// tensor-core paths round a k16 group alike is measured by the batch-invariance test).
-// Internal to kernels/cuda/experimental (included by head_gemv_variants.cu after
-// head_gemv_kernel.cuh, whose helpers it uses).
+// The fp8 GEMV on wgmma (issue 23): the warpgroup MMA of sm_90a with the dequantized weights as
+// the register operand A and x^T from shared memory as B, for the buckets where mma.sync is
+// issue-bound (M > 16: 64 HMMA + 16 LDS.128 per warp and 2 KB step at M = 64; here 8 wgmma and no
+// x loads). Same codes (fragment order, PackFp8Codes), same dequantization, same k16 groups in the
+// same order and K in the same two halves as the mma.sync kernels of head_gemv_kernel.cuh, so a
+// row's outputs match theirs bit for bit (measured: `CudaGemv.WgmmaRowsAreBatchInvariant`, H100
+// 2026-12-05). Production for 17..64 rows (head_gemv.cu); the other configurations (depth 4, wgmma
+// below 17 rows) are variants 800-815 of experimental/head_gemv_variants.cu. Internal to
+// kernels/cuda (included after head_gemv_kernel.cuh, whose helpers it uses).
 //
 // Work: 8 warps (2 warpgroups) a CTA; a warp owns a 32-row unit (two 16-row tiles, one exponent
 // block) over all of K, as in PackedLarge. wgmma's A is 64 rows: warp w of a warpgroup supplies
