@@ -504,11 +504,12 @@ TEST_F(CudaGemv, WgmmaVariantsAreCorrect) {
 }
 
 // A row alone and inside batches of every bucket, bit for bit: within the wgmma kernels (810),
-// and across mma.sync (M <= 16) and wgmma (M > 16) in one dispatch (800).
+// and across mma.sync (M <= 16) and wgmma (M > 16) in one dispatch (800, and production's).
 TEST_F(CudaGemv, WgmmaRowsAreBatchInvariant) {
   DH_SKIP_WITHOUT_GPU();
   ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 810);
   ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 800);
+  ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 0);  // production: depth 4 at N = 32, 2 at 64
 }
 
 TEST(CudaGemvShapes, TmaRingOddShapes) {

@@ -314,13 +314,14 @@ cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* code
 }
 
 // SMALL: buckets 1-2 (m <= 16) on wgmma too (N = 8 / 16), else on the production mma.sync kernel.
-template <int D, bool PDL, bool SMALL, bool OVERLAP = true>
+// D32: the depth for N <= 32 (N = 64 at depth 4 spills registers; N = 32 does not).
+template <int D, bool PDL, bool SMALL, bool OVERLAP = true, int D32 = D>
 cudaError_t DispatchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (m <= 16 && !SMALL) return DispatchPacked<2, 2, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 8) return LaunchWgmma<1, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 16) return LaunchWgmma<2, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 32) return LaunchWgmma<4, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 8) return LaunchWgmma<1, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 16) return LaunchWgmma<2, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 32) return LaunchWgmma<4, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
   if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
   return cudaErrorInvalidValue;
 }

@@ -31,7 +31,7 @@ namespace drafthead::cuda {
 // M <= 16, 774 = 770 at depth 4 above M = 16, 780 = 760 with balanced contiguous unit ranges
 // on every SM (GemvConfig's BAL; M <= 16). Issue 23, wgmma (head_gemv_wgmma.cuh, packed codes):
 // 800 = mma.sync for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
-// PDL (the production dispatch since 2026-12-05), 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
+// PDL (production since 2026-12-05, at depth 4 for N = 32), 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
 // registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805.
 // Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
