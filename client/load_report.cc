@@ -14,6 +14,9 @@ using Json = nlohmann::ordered_json;
 
 double Us(double ns) { return ns / 1000.0; }
 double Round3(double v) { return std::round(v * 1000.0) / 1000.0; }
+// Calls in flight on average (Little's law: answers a second x mean latency): how much of the
+// asked concurrency the caller kept up.
+double InFlightMean(const LoadResult& r) { return r.requests_per_s * r.latency.mean() * 1e-9; }
 
 Json LatencyJson(const LogLinearHistogram& h) {  // h in ns
   return Json{{"min", Round3(Us(h.min()))},          {"p50", Round3(Us(h.Percentile(0.50)))},
@@ -165,6 +168,7 @@ Json ToJson(const LoadReport& rep) {
     x["requests_per_s"] = Round3(r.requests_per_s);
     x["ok_per_s"] = Round3(r.ok_per_s);
     x["rows_per_s"] = Round3(r.rows_per_s);
+    x["in_flight_mean"] = Round3(InFlightMean(r));
     x["latency_us"] = LatencyJson(r.latency);
     x["server_us"] = Json{{"queue", SplitJson(r.queue_us, 1.0)},
                           {"compute", SplitJson(r.compute_us, 1.0)},
@@ -228,7 +232,8 @@ std::string FormatText(const LoadReport& rep) {
       absl::StrAppendFormat(&o, "  %-20s %llu%s\n", StatusCodeName(c), static_cast<unsigned long long>(n),
                             ex == r.error_examples.end() ? "" : absl::StrCat("  (", ex->second, ")"));
     }
-    absl::StrAppendFormat(&o, "throughput %.1f req/s, %.1f rows/s\n", r.requests_per_s, r.rows_per_s);
+    absl::StrAppendFormat(&o, "throughput %.1f req/s, %.1f rows/s, %.1f calls in flight (mean)\n", r.requests_per_s,
+                          r.rows_per_s, InFlightMean(r));
     const auto& h = r.latency;
     absl::StrAppendFormat(&o, "latency us min %.1f  p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f  (mean %.1f)\n",
                           Us(h.min()), Us(h.Percentile(0.5)), Us(h.Percentile(0.9)), Us(h.Percentile(0.99)),

@@ -742,8 +742,14 @@ absl::Status Run::LaneLoop() {
         try_start(start, NextSeq());
         return true;
       };
-      for (int i = 0; i < window && !deferred && start_one(); ++i) {
-      }
+      // Keeps `window` calls issued (in flight, or one deferred): after a deferred call starts,
+      // the window is filled again (once only the deferred one took a finished call's place, and
+      // each deferral cost the window a call for good: 64 callers ran ~17 calls in flight).
+      auto fill = [&] {
+        while (!deferred && static_cast<int>(inflight.size()) < window && start_one()) {
+        }
+      };
+      fill();
       while (!inflight.empty()) {
         const InFlight f = inflight.front();
         inflight.pop_front();
@@ -754,9 +760,8 @@ absl::Status Run::LaneLoop() {
           const auto [start, seq] = *deferred;
           deferred.reset();
           try_start(start, seq);
-        } else {
-          start_one();
         }
+        fill();
       }
     });
   }

@@ -285,6 +285,21 @@ class ClientLaneTest(RealServerTestCase):
         point = r["runs"][0]
         self.assertEqual(point.get("errors", 0), 0, json.dumps(point)[:400])
         self.assertGreaterEqual(point["ok"], 300)
+        self.assertIn("in_flight_mean", point)
+
+    def test_load_tester_keeps_its_concurrency_over_the_lane(self):
+        # One lane of depth 16 from 4 threads: a thread whose next call's slot still holds another
+        # thread's answer defers that call; the window must be whole again once it starts (each
+        # deferral used to cost the window a call for good: 64 callers kept ~17 in flight).
+        out = os.path.join(self.dir, "lane16.json")
+        p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--lane=shm", "--rows=3", "--mode=topk", "--k=4",
+                            "--concurrency=16", "--requests=3000", "--duration=60", f"--json={out}"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(out) as f:
+            point = json.load(f)["runs"][0]
+        self.assertEqual(point.get("errors", 0), 0, json.dumps(point)[:400])
+        self.assertGreaterEqual(point["in_flight_mean"], 12, json.dumps(point)[:600])
 
 
 class NoLaneServerTest(unittest.TestCase):
