@@ -273,17 +273,21 @@ class ClientLaneTest(RealServerTestCase):
             self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
             self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on
 
-    def test_load_tester_over_the_lane(self):
-        out = os.path.join(self.dir, "lane.json")
+    def _load_over_the_lane(self, concurrency, requests):
+        """`drafthead-client load --lane=shm` (M = 3 TOP_K k = 4): its JSON report, no errors."""
+        out = os.path.join(self.dir, f"lane{concurrency}.json")
         p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--lane=shm", "--rows=3", "--mode=topk", "--k=4",
-                            "--concurrency=6", "--requests=300", "--duration=30", f"--json={out}"],
-                           capture_output=True, text=True, timeout=120)
+                            f"--concurrency={concurrency}", f"--requests={requests}", "--duration=60",
+                            f"--json={out}"], capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(out) as f:
             r = json.load(f)
         self.assertEqual(r["config"]["lane"], "shm")
-        point = r["runs"][0]
-        self.assertEqual(point.get("errors", 0), 0, json.dumps(point)[:400])
+        self.assertEqual(r["runs"][0].get("errors", 0), 0, json.dumps(r["runs"][0])[:400])
+        return r["runs"][0]
+
+    def test_load_tester_over_the_lane(self):
+        point = self._load_over_the_lane(6, 300)
         self.assertGreaterEqual(point["ok"], 300)
         self.assertIn("in_flight_mean", point)
 
@@ -291,14 +295,7 @@ class ClientLaneTest(RealServerTestCase):
         # One lane of depth 16 from 4 threads: a thread whose next call's slot still holds another
         # thread's answer defers that call; the window must be whole again once it starts (each
         # deferral used to cost the window a call for good: 64 callers kept ~17 in flight).
-        out = os.path.join(self.dir, "lane16.json")
-        p = subprocess.run([CLIENT, "load", f"--target={self.target}", "--lane=shm", "--rows=3", "--mode=topk", "--k=4",
-                            "--concurrency=16", "--requests=3000", "--duration=60", f"--json={out}"],
-                           capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        with open(out) as f:
-            point = json.load(f)["runs"][0]
-        self.assertEqual(point.get("errors", 0), 0, json.dumps(point)[:400])
+        point = self._load_over_the_lane(16, 3000)
         self.assertGreaterEqual(point["in_flight_mean"], 12, json.dumps(point)[:600])
 
 
