@@ -180,22 +180,25 @@ int main(int argc, char** argv) {
                 twin_ms, wbytes * 2 / 1e6, fp8_mb, pack_ms);
     // Columns: the row-major kernel of rounds 1-3 (production until issue 23) and it with PDL;
     // on codes in fragment order (head_gemv_variants.cuh lists the variants): 16 warps a CTA at
-    // depth 4 (no K split), the production dispatch again (770: run-to-run noise), it with PDL,
-    // with balanced contiguous unit ranges on every SM (780, M <= 16), at depth 4 above M = 16.
+    // depth 4 (no K split), the mma.sync dispatch (770; production up to 16 rows, and above until
+    // wgmma), it with PDL, with balanced contiguous unit ranges on every SM (780, M <= 16), at
+    // depth 4 above M = 16.
     struct Col {
       const char* name;
       int variant;
       int max_m;
     };
     // Issue 23's wgmma kernels (M > 16, then every M): 800 (depth 2), 801 (+PDL), 804 (depth 4),
-    // 805 (depth 4, each step waits for its wgmmas), 810 / 814 / 815 (every M on wgmma).
+    // 805 (depth 4, each step waits for its wgmmas), 810 / 814 / 815 (every M on wgmma), 820-822
+    // (production with an L2 prefetch 8 / 16 / 32 steps ahead).
     std::vector<Col> cols;
     for (const Col& c : std::vector<Col>{
              {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
-             {"fp8 again", 770, 64},  {"fp8+pdl", 771, 64},          {"fp8 balanced", 780, 16},
+             {"mma.sync", 770, 64},   {"mma.sync+pdl", 771, 64},          {"fp8 balanced", 780, 16},
              {"fp8 dl4", 774, 64},    {"wgmma", 800, 64},            {"wgmma+pdl", 801, 64},
              {"wgmma d4", 804, 64},   {"wgmma d4 wait0", 805, 64},   {"wgmma all", 810, 64},
-             {"wgmma all d4", 814, 64}, {"wgmma all d4 wait0", 815, 64}})
+             {"wgmma all d4", 814, 64}, {"wgmma all d4 wait0", 815, 64}, {"wgmma pf8", 820, 64},
+             {"wgmma pf16", 821, 64},   {"wgmma pf32", 822, 64}})
       if (variants.empty() || std::find(variants.begin(), variants.end(), c.variant) != variants.end())
         cols.push_back(c);
     std::printf("| M | fp8 us | GB/s | %% of stream |");

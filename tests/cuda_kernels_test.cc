@@ -496,7 +496,7 @@ TEST_F(CudaGemv, WgmmaVariantsAreCorrect) {
   double worst = 0;
   for (int m = 17; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 800, &worst);
   for (int m = 1; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 810, &worst);
-  for (int v : {800, 801, 804, 805, 810, 814, 815})
+  for (int v : {800, 801, 804, 805, 810, 814, 815, 820, 821, 822})
     for (int m : {1, 8, 9, 16, 17, 32, 33, 64})
       for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
         CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);

@@ -147,11 +147,14 @@ __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int 
 // NB: N / 8 (batch rows padded to N); D: register pipeline depth of the weight loads (as in
 // GemvFp8Kernel); PDL: programmatic dependent launch (the first weight loads before the wait);
 // OVERLAP: a step's wgmmas run while the next step dequantizes (two sets of A registers live), else
-// each step waits for its own (one set: registers for D = 4).
-template <int NB, int D, bool PDL, bool OVERLAP = true>
+// each step waits for its own (one set: registers for D = 4); PF > 0 (a multiple of 4, experiment):
+// lane 0 prefetches each tile's stream into L2 in 4 KB pieces PF steps ahead of the loads (more
+// bytes in flight without registers: at N = 64 the kernel holds 2 warps a scheduler and D = 2).
+template <int NB, int D, bool PDL, bool OVERLAP = true, int PF = 0>
 __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const GemvArgs a) {
   constexpr int N = NB * 8, kAcc = N / 2, RT = 2;
   static_assert(kPackStepAlign / 2 % D == 0, "each half of the padded steps a whole number of rounds");
+  static_assert(PF == 0 || (PF % 4 == 0 && PF > D), "4 KB prefetch pieces, beyond the register pipeline");
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -183,6 +186,22 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
       for (int i = 0; i < 2 * RT; ++i) wq[slot][i] = LdgStream<false>(rowp[i] + static_cast<int64_t>(s) * 1024);
       eq[slot] = __ldg(ep + min(static_cast<int64_t>(2 * s + (t >> 1)), last_kb));
     };
+    // PF: tile T's stream starts at tile_base(T); the steps between the first loads and the first
+    // in-loop prefetch go at once.
+    auto tile_base = [&](int T) { return a.codes + (bc * RT + T) * a.pack_steps * 1024; };
+    auto prefetch = [&](int s) {
+      if (active && lane == 0 && s + 4 <= S) {
+#pragma unroll
+        for (int T = 0; T < RT; ++T) PrefetchL2(tile_base(T) + static_cast<int64_t>(s) * 1024, 4096);
+      }
+    };
+    if constexpr (PF > 0) {
+      if (active && lane == 0 && S > D) {
+#pragma unroll
+        for (int T = 0; T < RT; ++T)
+          PrefetchL2(tile_base(T) + D * 1024, static_cast<uint32_t>(min(PF - D, S - D)) * 1024u);
+      }
+    }
 #pragma unroll
     for (int d = 0; d < D; ++d) load(d, d);
     if (base == first) {  // chunk 0 into buffer 0 (later rounds find it staged by the previous one)
@@ -258,6 +277,9 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
 #pragma unroll
         for (int i = 0; i < 2 * RT; ++i) DequantRow16<kConvPrmt>(wq[d][i], scale2, af[i]);
         load(s + D, d);
+        if constexpr (PF > 0) {
+          if ((s & 3) == 0) prefetch(s + PF);
+        }
         WgmmaFence();
         const uint32_t step_addr = xbuf + ls * XStepBytes(NB);
 #pragma unroll
@@ -285,10 +307,10 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
 }
 
 // m <= 64 rows in one launch: N = the smallest of 8, 16, 32, 64 that holds m; 1 CTA an SM.
-template <int NB, int D, bool PDL, bool OVERLAP>
+template <int NB, int D, bool PDL, bool OVERLAP, int PF = 0>
 cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                         int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL, OVERLAP>;
+  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL, OVERLAP, PF>;
   static std::atomic<uint64_t> prepared{0};
   int sms = 0;
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
@@ -314,15 +336,16 @@ cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* code
 }
 
 // SMALL: buckets 1-2 (m <= 16) on wgmma too (N = 8 / 16), else on the production mma.sync kernel.
-// D32: the depth for N <= 32 (N = 64 at depth 4 spills registers; N = 32 does not).
-template <int D, bool PDL, bool SMALL, bool OVERLAP = true, int D32 = D>
+// D32: the depth for N <= 32 (N = 64 at depth 4 spills registers; N = 32 does not); PF: the L2
+// prefetch distance (experiment; 0: none).
+template <int D, bool PDL, bool SMALL, bool OVERLAP = true, int D32 = D, int PF = 0>
 cudaError_t DispatchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (m <= 16 && !SMALL) return DispatchPacked<2, 2, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 8) return LaunchWgmma<1, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 16) return LaunchWgmma<2, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 32) return LaunchWgmma<4, D32, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 8) return LaunchWgmma<1, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 16) return LaunchWgmma<2, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 32) return LaunchWgmma<4, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
   return cudaErrorInvalidValue;
 }
 

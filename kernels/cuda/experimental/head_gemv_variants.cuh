@@ -32,7 +32,8 @@ namespace drafthead::cuda {
 // on every SM (GemvConfig's BAL; M <= 16). Issue 23, wgmma (head_gemv_wgmma.cuh, packed codes):
 // 800 = mma.sync for M <= 16, wgmma above (N = 32 / 64, depth 2), 801 = 800 with
 // PDL (production since 2026-12-05, at depth 4 for N = 32), 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
-// registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805.
+// registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805;
+// 820 / 821 / 822 = the production dispatch with the wgmma kernels' L2 prefetch 8 / 16 / 32 steps ahead.
 // Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 // Whether `variant` reads the codes in fragment order (PackFp8Codes's output) rather than row-major.
