@@ -43,7 +43,8 @@ trap cleanup EXIT
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
-# A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, rows/s, errors.
+# A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, rows/s, calls in flight (the
+# load tester's in_flight_mean: how much of --concurrency it kept), errors.
 cpp_point() {  # LABEL WAY FLAGS...
   local label=$1 way=$2
   shift 2
@@ -55,14 +56,17 @@ r = json.load(open(sys.argv[1]))['runs'][0]
 lat, st = r['latency_us'], r.get('server_stages_us', {})
 g = st.get('gemv', {}).get('p50', float('nan'))
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {lat['p50']:.0f} | {lat['p99']:.0f} | {g:.0f} | {lat['p50'] - g:.0f} | "
-      f"{r['rows_per_s']:.0f} | {r['errors']} |")
+      f"{r['rows_per_s']:.0f} | {r.get('in_flight_mean', float('nan')):.1f} | {r['errors']} |")
 PY
+}
+cpp_header() {  # FIRST_COLUMN_AFTER_POINT
+  echo "| point | $1 | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | in flight | errors |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 }
 
 cpp_table() {  # TITLE
   echo; echo "### C++ client (drafthead-client load), $1"
-  echo "| point | way | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  cpp_header "way"
   for r in $(seq "$rounds"); do
     for way in off shm; do
       cpp_point "c=1 M=5 TOP_K k=8" $way --lane=$way --rows=5 --mode=topk --k=8
@@ -81,8 +85,7 @@ server_tp1() {
 
 spin_table() {  # TITLE
   echo; echo "### C++ client over the lane, the caller's spin budget, $1"
-  echo "| point | spin budget | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  cpp_header "spin budget"
   for r in $(seq "$rounds"); do
     for spin in 200 -1; do
       cpp_point "c=1 M=5 TOP_K k=8" "$spin" --lane=shm --lane-spin-us=$spin --rows=5 --mode=topk --k=8
@@ -134,8 +137,7 @@ if want tp4; then
   if serve "$srv" "$tmp/tp4.log" --tp=4 --backend=cuda --comm=gloo --synthetic=1 --shared-memory=system \
       --lanes=8; then
     echo; echo "### C++ client, tp=4 --comm=gloo on the one GPU"
-    echo "| point | way | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | errors |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    cpp_header way
     for r in $(seq "$rounds"); do
       for way in off shm; do cpp_point "c=1 M=5 TOP_K k=8" $way --lane=$way --rows=5 --mode=topk --k=8; done
     done
