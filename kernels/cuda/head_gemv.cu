@@ -87,11 +87,8 @@ bool Fp8TwinFitsFastPath(const uint8_t* exps_host, int64_t count) {
 cudaError_t HeadGemvFp8(const uint16_t* x, int m, int64_t k, const uint8_t* packed,
                         const uint8_t* exps, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   DH_CUDA_TRY(ValidateGemv(x, m, k, packed, exps, n, y, ldy));
-  // mma.sync for <= 16 rows, wgmma above (docs/cuda.md rounds 4-5: depth 4 for 17..32 rows, 2 for
-  // 33..64); both launched as programmatic dependents (their first weight loads before the wait
-  // for x).
   return ByPasses(x, m, k, y, ldy, [&](const uint16_t* xp, int mm, float* yp) {
-    return DispatchWgmma<2, true, false, true, 4>(xp, mm, k, packed, exps, n, yp, ldy, stream);
+    return DispatchProduction(xp, mm, k, packed, exps, n, yp, ldy, stream);
   });
 }
 

@@ -349,5 +349,13 @@ cudaError_t DispatchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* co
   return cudaErrorInvalidValue;
 }
 
+// The production configuration (HeadGemvFp8; docs/cuda.md round 5): mma.sync up to 16 rows, wgmma
+// at depth 4 for 17..32 and 2 for 33..64, all with PDL. PF: the prefetch experiments (820-822).
+template <int PF = 0>
+cudaError_t DispatchProduction(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
+                               int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  return DispatchWgmma<2, true, false, true, 4, PF>(x, m, k, codes, exps, n, y, ldy, stream);
+}
+
 }  // namespace
 }  // namespace drafthead::cuda

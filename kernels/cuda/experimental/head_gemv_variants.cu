@@ -106,9 +106,9 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 810: return DispatchWgmma<2, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 814: return DispatchWgmma<4, false, true>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 815: return DispatchWgmma<4, false, true, false>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 820: return DispatchWgmma<2, true, false, true, 4, 8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 821: return DispatchWgmma<2, true, false, true, 4, 16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
-      case 822: return DispatchWgmma<2, true, false, true, 4, 32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 820: return DispatchProduction<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 821: return DispatchProduction<16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 822: return DispatchProduction<32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);
