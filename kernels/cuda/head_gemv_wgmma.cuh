@@ -155,14 +155,14 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
   constexpr int N = NB * 8, kAcc = N / 2, RT = 2;
   static_assert(kPackStepAlign / 2 % D == 0, "each half of the padded steps a whole number of rounds");
   static_assert(PF == 0 || (PF % 4 == 0 && PF > D), "4 KB prefetch pieces, beyond the register pipeline");
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t wgmma_smem[];  // its own name: head_gemv_kernel.cuh declares smem[] 16-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int S = a.steps, C = a.chunk_steps;
   const int nchunks = (S + C - 1) / C;
   const int64_t nblk = (a.n + 31) / 32;
   const int64_t kblocks = a.k / 32, last_kb = kblocks - 1;
-  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
   const uint32_t buf_bytes = static_cast<uint32_t>(C) * XStepBytes(NB);
 
   if constexpr (PDL) LetDependentsLaunch();
