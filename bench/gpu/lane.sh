@@ -12,7 +12,9 @@
 # python: bench/gpu/lane_python_bench.py: torch CUDA in/out, gRPC vs lane vs the in-process original
 #         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
 #         PROFILE=N: then N stream-ordered calls under cProfile (where a call's host time goes).
-# mps:    cpp and python again with the CUDA MPS daemon running (server and caller share the GPU).
+# pieces: the host time of each piece of a stream-ordered Python call (torch ops, libcuda calls)
+#         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
+# mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
 # tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
 # spin:   the caller's spin budget over the lane, fixed 200 us vs automatic (--lane-spin-us=200 / -1,
 #         alternating on one server): c=1 M=5 TOP_K k=8 and M=1 ARGMAX (issue 21, session 12's change).
@@ -43,8 +45,9 @@ trap cleanup EXIT
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
-# A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, rows/s, calls in flight (the
-# load tester's in_flight_mean: how much of --concurrency it kept), errors.
+# A C++ point as a table row: way, p50, p99, GEMV p50, p50 - GEMV, the epilogue stage's p50, the
+# server's compute p50 and what lies outside it (the way in and out, validation, the client), rows/s,
+# calls in flight (the load tester's in_flight_mean: how much of --concurrency it kept), errors.
 cpp_point() {  # LABEL WAY FLAGS...
   local label=$1 way=$2
   shift 2
@@ -55,13 +58,16 @@ import json, sys
 r = json.load(open(sys.argv[1]))['runs'][0]
 lat, st = r['latency_us'], r.get('server_stages_us', {})
 g = st.get('gemv', {}).get('p50', float('nan'))
+e = st.get('epilogue', {}).get('p50', float('nan'))
+c = r.get('server_us', {}).get('compute', {}).get('p50', float('nan'))
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {lat['p50']:.0f} | {lat['p99']:.0f} | {g:.0f} | {lat['p50'] - g:.0f} | "
+      f"{e:.0f} | {c:.0f} | {lat['p50'] - c:.0f} | "
       f"{r['rows_per_s']:.0f} | {r.get('in_flight_mean', float('nan')):.1f} | {r['errors']} |")
 PY
 }
 cpp_header() {  # FIRST_COLUMN_AFTER_POINT
-  echo "| point | $1 | p50 us | p99 us | GEMV p50 us | p50 - GEMV | rows/s | in flight | errors |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| point | $1 | p50 us | p99 us | GEMV p50 us | p50 - GEMV | epilogue p50 | server compute p50 | p50 - compute | rows/s | in flight | errors |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 }
 
 cpp_table() {  # TITLE
@@ -104,6 +110,11 @@ run_set() {  # TITLE
         --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
         | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 90 || echo 12)
       stamp "python $1"
+    fi
+    if want pieces; then
+      echo
+      timeout 120 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --pieces=${PIECES:-6400} 2>&1 | tail -14
+      stamp "pieces $1"
     fi
     unserve
   fi

@@ -9,12 +9,16 @@ side by side in one run (alternating rounds, median of the round p50s):
 Also the host time per call in the stream-ordered mode (wait=False, no synchronise in the timed
 window), with fresh answer tensors and with the caller's own (out=, filled by the lane's C call). Prints Markdown. --profile=N: then N stream-ordered M=5 TOP_K calls under cProfile (a
 synchronise every 8 calls), the 20 largest self times: where the host time of a call goes.
+--pieces=N: the host time of each piece of a stream-ordered M=5 TOP_K call alone (the torch ops the
+client makes, the libcuda calls its library makes, via ctypes), N calls each, beside the whole call:
+what the 30 us budget a call is spent on, without a profiler's overhead.
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
 """
 
 import argparse
 import cProfile
+import ctypes
 import pstats
 import types
 import statistics
@@ -57,6 +61,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default="")
     ap.add_argument("--profile", type=int, default=0, help="stream-ordered M=5 TOP_K calls to profile")
+    ap.add_argument("--pieces", type=int, default=0, help="calls a piece in the host-time breakdown")
     args = ap.parse_args()
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
@@ -107,6 +112,11 @@ def main():
             return grpc.argmax(x)
         return grpc.logits(x, dtype="bf16")
 
+    if args.pieces > 0:
+        pieces(lane, K, dev, args.pieces)
+        lane.close()
+        grpc.close()
+        return
     cases = [("topk", m) for m in map(int, args.ms.split(","))] + [("argmax", 1), ("full", 5)]
     title = f" ({args.label})" if args.label else ""
     print(f"| Python, torch CUDA{title} | grpc p50 us | lane p50 us | lane p99 us | original p50 us | lane / original | "
@@ -156,6 +166,57 @@ def main():
             pstats.Stats(prof).sort_stats("tottime").print_stats(15)
     lane.close()
     grpc.close()
+
+
+def pieces(head, K, dev, n):
+    """Host us a piece (median of 64-call batches' means; the stream synchronised between batches)."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    cu.cuStreamWriteValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+    cu.cuStreamWaitValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+    x = torch.randn(5, K, device=dev).to(torch.bfloat16)
+    out = (torch.empty(5, 8, dtype=torch.int64, device=dev), torch.empty(5, 8, device=dev))
+    head.topk(x, 8)  # opens the lane with its CUDA arenas
+    lane = head.lane(cuda_device=x.device)
+    pb = lane._pb
+    word = torch.zeros(16, dtype=torch.int32, pin_memory=True)  # mapped: its host address is a device one
+    dst = torch.empty_like(x)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+
+    def each(fn):
+        means = []
+        for _ in range(max(1, n // 64)):
+            t0 = time.perf_counter()
+            for _ in range(64):
+                fn()
+            means.append((time.perf_counter() - t0) * 1e6 / 64)
+            head.synchronize()
+            torch.cuda.synchronize()
+        return statistics.median(means)
+
+    rows = [
+        ("the whole call, fresh answer tensors: head.topk(x, 8, wait=False)", lambda: head.topk(x, 8, wait=False)),
+        ("the whole call, out=: head.topk(x, 8, wait=False, out=out)",
+         lambda: head.topk(x, 8, wait=False, out=out)),
+        ("Lane.call_cuda alone (the one C call and its Python wrapper)",
+         lambda: lane.call_cuda(mode=pb.TOP_K, x=x, out_ptrs=(out[0].data_ptr(), out[1].data_ptr()), top_k=8,
+                                wait=False)),
+        ("torch.cuda.current_stream(i).cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream),
+        ("torch.empty((5, 8), int64, cuda)", lambda: torch.empty((5, 8), dtype=torch.int64, device=dev)),
+        ("x.device != dev, x.dtype in (...), x.is_contiguous(), x.shape[-1]",
+         lambda: (x.device != dev, x.dtype in (torch.bfloat16, torch.float32), x.is_contiguous(), x.shape[-1])),
+        ("x.data_ptr(), x.numel() * x.element_size()", lambda: (x.data_ptr(), x.numel() * x.element_size())),
+        ("cuMemcpyDtoDAsync 51200 B (ctypes)",
+         lambda: cu.cuMemcpyDtoDAsync_v2(dst.data_ptr(), x.data_ptr(), 51200, stream)),
+        ("cuStreamWriteValue32 to mapped host memory (ctypes)",
+         lambda: cu.cuStreamWriteValue32_v2(stream, word.data_ptr(), 1, 0)),
+        ("cuStreamWaitValue32, already met (ctypes)",
+         lambda: cu.cuStreamWaitValue32_v2(stream, word.data_ptr(), 0, 0)),
+    ]
+    print(f"\n| piece of a stream-ordered M=5 TOP_K call ({n} calls) | host us |")
+    print("| --- | --- |")
+    for label, fn in rows:
+        print(f"| {label} | {each(fn):.1f} |", flush=True)
 
 
 if __name__ == "__main__":
