@@ -6,6 +6,7 @@
 // L2), so no launch finds its weights in L2. Times are per launch, launched back to back.
 // Usage: drafthead-bench-cuda [--iters=N] [--quick] [--ms=1,64] [--ns=32320] [--no-epilogue]
 //                             [--variants=770,800] (the variant columns; default: all)
+//                             [--epi=x64] (only the epilogue rows whose label contains it: ncu)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   std::vector<int> ms = {1, 2, 4, 5, 8, 16, 32, 64};
   std::vector<int64_t> ns = {32320, 129280};
   std::vector<int64_t> variants;  // the variant columns to time (--variants=770,800; default: all)
+  std::string epi_filter;          // the epilogue rows to time (--epi=x64: labels containing it)
   auto parse_list = [](const char* s) {
     std::vector<int64_t> v;
     for (char* e; *s; s = *e ? e + 1 : e) v.push_back(std::strtoll(s, &e, 10));
@@ -116,6 +118,7 @@ int main(int argc, char** argv) {
     }
     if (!std::strncmp(argv[i], "--ns=", 5)) ns = parse_list(argv[i] + 5);
     if (!std::strncmp(argv[i], "--variants=", 11)) variants = parse_list(argv[i] + 11);
+    if (!std::strncmp(argv[i], "--epi=", 6)) epi_filter = argv[i] + 6;
   }
   int dev = 0;
   CK(cudaSetDevice(dev));
@@ -271,6 +274,7 @@ int main(int argc, char** argv) {
              {"sample x5", drafthead::cuda::ReduceMode::kSample, 1, 5},
              {"sample x64", drafthead::cuda::ReduceMode::kSample, 1, 64}}) {
       if (!epilogue) break;
+      if (std::string(cs.label).find(epi_filter) == std::string::npos) continue;
       const auto mode = cs.mode;
       const uint32_t k = cs.k;
       const int rows = cs.rows;
