@@ -652,9 +652,10 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   DeviceBuffer<cuda::ReduceRow> drows(c.rows.size());
   DH_CU(drows.Upload(c.rows));
   DeviceBuffer<uint8_t> pay(c.bytes);
-  const size_t sb = cuda::EpilogueScratchBytes(n_valid, static_cast<int>(c.rows.size()));
-  DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
   const int nrows = static_cast<int>(c.rows.size());
+  const size_t sb = variant == 0 ? cuda::EpilogueScratchBytes(n_valid, nrows)
+                                 : cuda::EpilogueVariantScratchBytes(n_valid, nrows, variant);
+  DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
   const cuda::ReduceRow* hrows = host_rows ? c.rows.data() : nullptr;
   // Twice on one scratch, the first answer overwritten (0xcd bytes left anywhere a second call
   // fails to write).
@@ -722,13 +723,14 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
 }
 
 // Every epilogue dispatch: the default (with and without the host copy of the rows), the round-1
-// kernels, and the split path with 512- to 4096-column chunks.
+// kernels, the split path with 512- to 4096-column chunks, and the group family for TOP_K k <= 16.
 void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                    int32_t id_base, const EpilogueCase& c) {
   const struct {
     int variant;
     bool host_rows;
-  } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true}, {4, true}, {5, true}};
+  } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true}, {4, true}, {5, true},
+                 {6, true}, {6, false}};
   for (const auto& cfg : configs) {
     SCOPED_TRACE(testing::Message() << "epilogue variant " << cfg.variant << " host rows "
                                     << cfg.host_rows << " n_valid " << n_valid);

@@ -119,4 +119,92 @@ __device__ __forceinline__ MaxAt WarpBetter(MaxAt a) {
   return a;
 }
 
+// The TOP_K threshold and candidate ranking of a block of kReduceThreads threads (the split and
+// group families): each thread's largest key is a lower bound for its own elements; the k-th
+// largest of the thread maxima, t, is a lower bound for the block's k-th largest key (k distinct
+// elements are >= t), and only the k threads with maxima >= t can hold keys >= t.
+constexpr int kReduceThreads = 256;
+
+// Sorts a warp's 32 keys, descending: lane l gets the l-th largest (bitonic, shuffles).
+__device__ __forceinline__ uint64_t WarpSortDesc(uint64_t v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+      const bool lower = (lane & stride) == 0;
+      const bool desc = (lane & size) == 0;  // size == 32: the whole warp descending
+      const bool keep_max = lower == desc;
+      v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
+    }
+  }
+  return v;
+}
+
+// The threshold t of the comment above: the k-th largest of the kReduceThreads thread maxima tm (0 = none),
+// or 1 (every real key) when fewer than k threads hold elements. Each warp sorts its 32 maxima
+// into s_sorted; a thread's rank is the sum over the 8 lists of a binary search (count of
+// larger keys). Sets *s_t (thread 0 must have set it to 1 before the first barrier here).
+__device__ __forceinline__ void ThresholdFromMaxima(uint64_t (*s_sorted)[32], uint64_t tm,
+                                                    uint32_t k, uint64_t* s_t) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  s_sorted[warp][lane] = WarpSortDesc(tm);
+  __syncthreads();
+  if (tm == 0) return;
+  uint32_t above = 0;
+#pragma unroll
+  for (int w = 0; w < kReduceThreads / 32; ++w) {
+    const uint64_t* l = s_sorted[w];
+    int pos = 0;
+#pragma unroll
+    for (int step = 16; step > 0; step >>= 1)
+      if (l[pos + step - 1] > tm) pos += step;
+    if (pos == 31 && l[31] > tm) pos = 32;
+    above += pos;
+  }
+  if (above == k - 1) *s_t = tm;  // unique keys: one thread at most
+}
+
+// Shared memory of a block's TOP_K threshold (split_reduce.cu, experimental/group_topk.cu).
+struct TopKShared {
+  uint64_t sorted[kReduceThreads / 32][32];  // ThresholdFromMaxima's sorted thread maxima
+  MaxAt mred[kReduceThreads / 32];
+  double dred[kReduceThreads / 32];
+  uint64_t t;    // the threshold
+  uint32_t cnt;  // candidates collected
+};
+
+// The block's part of both kernels' TOP_K: the largest of the threads' `best` (first of equals;
+// returned in every thread) and the threshold of the thread maxima tm into sh.t (see
+// ThresholdFromMaxima; final after the next barrier); resets the candidate count sh.cnt.
+__device__ __forceinline__ float BlockMaxAndThreshold(MaxAt best, uint64_t tm, uint32_t k,
+                                                      TopKShared& sh) {
+  best = WarpBetter(best);
+  if ((threadIdx.x & 31) == 0) sh.mred[threadIdx.x >> 5] = best;
+  if (threadIdx.x == 0) {
+    sh.t = 1;
+    sh.cnt = 0;
+  }
+  ThresholdFromMaxima(sh.sorted, tm, k, &sh.t);  // its barrier also publishes mred
+  MaxAt m = sh.mred[0];
+  for (int w = 1; w < kReduceThreads / 32; ++w) m = Better(m, sh.mred[w]);
+  return m.v;
+}
+
+// Ranks the cnt unique candidates by counting and writes the best k (rank order) with put(rank, key).
+template <typename Put>
+__device__ __forceinline__ void RankCandidates(const uint64_t* cand, uint32_t cnt, uint32_t k, Put put) {
+  for (uint32_t i = threadIdx.x; i < cnt; i += kReduceThreads) {
+    const uint64_t key = cand[i];
+    uint32_t rank = 0, j = 0;
+    for (; j + 8 <= cnt && rank < k; j += 8) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) rank += cand[j + u] > key;
+    }
+    for (; j < cnt && rank < k; ++j) rank += cand[j] > key;
+    if (rank < k) put(rank, key);
+  }
+}
+
 }  // namespace drafthead::cuda::epilogue

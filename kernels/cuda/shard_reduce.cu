@@ -49,14 +49,15 @@ enum : uint32_t {
 };
 
 // The kernel families the rows need at this split chunk (0: the split path off); every family when
-// the host copy of the descriptors is not given.
-uint32_t Launches(int chunk, const ReduceRow* rows_host, int nrows) {
+// the host copy of the descriptors is not given. TOP_K rows with k < min_k are another family's.
+uint32_t Launches(int chunk, const ReduceRow* rows_host, int nrows, uint32_t min_k = 1) {
   if (rows_host == nullptr)
     return kLaunchFull | kLaunchTopKSelect | (chunk > 0 ? kLaunchSplit : kLaunchBestPerRow);
   uint32_t m = 0;
   for (int i = 0; i < nrows; ++i) {
     const ReduceRow& r = rows_host[i];
     const auto mode = static_cast<ReduceMode>(r.mode);
+    if (mode == ReduceMode::kTopK && r.k < min_k) continue;
     if (mode == ReduceMode::kFullLogits) m |= kLaunchFull;
     const bool best = mode == ReduceMode::kArgmax || mode == ReduceMode::kSample;
     const bool small = mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kSmallTopK;
@@ -78,7 +79,7 @@ cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t 
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           const ReduceRow* rows_host) {
   return detail::ShardEpilogueWithSplitChunk(y, ldy, n_shard, n_valid, id_base, rows_dev, nrows,
-                                             payload, scratch, scratch_bytes, stream, rows_host, 0);
+                                             payload, scratch, scratch_bytes, stream, rows_host, 0, 1);
 }
 
 namespace detail {
@@ -87,7 +88,8 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
                                         int64_t n_valid, int32_t id_base,
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                                        const ReduceRow* rows_host, int split_chunk) {
+                                        const ReduceRow* rows_host, int split_chunk,
+                                        uint32_t split_min_k) {
   if (nrows <= 0) return cudaSuccess;
   if (ldy % 4 != 0 || n_valid > n_shard || n_valid < 0 || n_shard < 1 || ldy < n_shard ||
       (reinterpret_cast<uintptr_t>(y) & 15u) != 0 || nrows > 65535)
@@ -95,7 +97,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   if (scratch == nullptr || scratch_bytes < EpilogueScratchBytes(n_valid, nrows))
     return cudaErrorInvalidValue;
   const int chunk = split_chunk < 0 ? 0 : epilogue::SplitChunk(n_valid, split_chunk);
-  const uint32_t launches = Launches(chunk, rows_host, nrows);
+  const uint32_t launches = Launches(chunk, rows_host, nrows, chunk > 0 ? split_min_k : 1);
   const bool any_full = launches & kLaunchFull, any_split = launches & kLaunchSplit,
              any_best_old = launches & kLaunchBestPerRow, any_large = launches & kLaunchTopKSelect;
   if (any_full)
@@ -105,7 +107,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   uint8_t* split_scratch = seg_scratch + epilogue::TopKSelectScratchBytes(n_valid, nrows);
   if (any_split)
     DH_CUDA_TRY(epilogue::LaunchSplitReduce(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
-                                            chunk, split_scratch, stream));
+                                            chunk, split_min_k, split_scratch, stream));
   if (any_best_old)
     DH_CUDA_TRY(epilogue::LaunchBestPerRow(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
                                            stream));

@@ -18,14 +18,15 @@ namespace {
 // largest of the 256 thread maxima, t, is a lower bound for the chunk's k-th largest key (k distinct
 // elements are >= t), and only the k threads with maxima >= t can hold keys >= t: at most
 // k x (elements per thread) candidates, ranked by counting (keys are unique).
-constexpr int kSplitThreads = 256;
+constexpr int kSplitThreads = kReduceThreads;
 constexpr int kSplitMaxChunk = 4096;   // columns per CTA (staged: 16 KB)
 constexpr int kSplitMaxChunks = 128;   // chunks per row
 constexpr size_t kSplitRec = 16 + kSmallTopK * 8;  // {max f32, pad, sum f64} + k keys (or a Candidate)
 constexpr int kSplitMergeCand = kSmallTopK * ((kSplitMaxChunks * kSmallTopK + kSplitThreads - 1) / kSplitThreads);
 
-__device__ __forceinline__ bool SmallTopKRow(const ReduceRow& r) {
-  return r.mode == static_cast<uint8_t>(ReduceMode::kTopK) && r.k >= 1 && r.k <= kSmallTopK;
+// min_k: smaller k are another family's (the experimental group path); 1 in production.
+__device__ __forceinline__ bool SmallTopKRow(const ReduceRow& r, uint32_t min_k) {
+  return r.mode == static_cast<uint8_t>(ReduceMode::kTopK) && r.k >= min_k && r.k <= kSmallTopK;
 }
 __device__ __forceinline__ bool BestRow(const ReduceRow& r) {
   return r.mode == static_cast<uint8_t>(ReduceMode::kArgmax) ||
@@ -76,96 +77,15 @@ __device__ __forceinline__ Candidate BlockBestCandidate(Candidate best, Candidat
   return best;
 }
 
-// Sorts a warp's 32 keys, descending: lane l gets the l-th largest (bitonic, shuffles).
-__device__ __forceinline__ uint64_t WarpSortDesc(uint64_t v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
-      const bool lower = (lane & stride) == 0;
-      const bool desc = (lane & size) == 0;  // size == 32: the whole warp descending
-      const bool keep_max = lower == desc;
-      v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
-    }
-  }
-  return v;
-}
-
-// The threshold t of the comment above: the k-th largest of the 256 thread maxima tm (0 = none),
-// or 1 (every real key) when fewer than k threads hold elements. Each warp sorts its 32 maxima
-// into s_sorted; a thread's rank is the sum over the 8 lists of a binary search (count of
-// larger keys). Sets *s_t (thread 0 must have set it to 1 before the first barrier here).
-__device__ __forceinline__ void ThresholdFromMaxima(uint64_t (*s_sorted)[32], uint64_t tm,
-                                                    uint32_t k, uint64_t* s_t) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  s_sorted[warp][lane] = WarpSortDesc(tm);
-  __syncthreads();
-  if (tm == 0) return;
-  uint32_t above = 0;
-#pragma unroll
-  for (int w = 0; w < kSplitThreads / 32; ++w) {
-    const uint64_t* l = s_sorted[w];
-    int pos = 0;
-#pragma unroll
-    for (int step = 16; step > 0; step >>= 1)
-      if (l[pos + step - 1] > tm) pos += step;
-    if (pos == 31 && l[31] > tm) pos = 32;
-    above += pos;
-  }
-  if (above == k - 1) *s_t = tm;  // unique keys: one thread at most
-}
-
-// Shared memory of the TOP_K part of SplitKernel and SplitMerge.
-struct TopKShared {
-  uint64_t sorted[kSplitThreads / 32][32];  // ThresholdFromMaxima's sorted thread maxima
-  MaxAt mred[kSplitThreads / 32];
-  double dred[kSplitThreads / 32];
-  uint64_t t;    // the threshold
-  uint32_t cnt;  // candidates collected
-};
-
-// The block's part of both kernels' TOP_K: the largest of the threads' `best` (first of equals;
-// returned in every thread) and the threshold of the thread maxima tm into sh.t (see
-// ThresholdFromMaxima; final after the next barrier); resets the candidate count sh.cnt.
-__device__ __forceinline__ float BlockMaxAndThreshold(MaxAt best, uint64_t tm, uint32_t k,
-                                                      TopKShared& sh) {
-  best = WarpBetter(best);
-  if ((threadIdx.x & 31) == 0) sh.mred[threadIdx.x >> 5] = best;
-  if (threadIdx.x == 0) {
-    sh.t = 1;
-    sh.cnt = 0;
-  }
-  ThresholdFromMaxima(sh.sorted, tm, k, &sh.t);  // its barrier also publishes mred
-  MaxAt m = sh.mred[0];
-  for (int w = 1; w < kSplitThreads / 32; ++w) m = Better(m, sh.mred[w]);
-  return m.v;
-}
-
-// Ranks the cnt unique candidates by counting and writes the best k (rank order) with put(rank, key).
-template <typename Put>
-__device__ __forceinline__ void RankCandidates(const uint64_t* cand, uint32_t cnt, uint32_t k, Put put) {
-  for (uint32_t i = threadIdx.x; i < cnt; i += kSplitThreads) {
-    const uint64_t key = cand[i];
-    uint32_t rank = 0, j = 0;
-    for (; j + 8 <= cnt && rank < k; j += 8) {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) rank += cand[j + u] > key;
-    }
-    for (; j < cnt && rank < k; ++j) rank += cand[j] > key;
-    if (rank < k) put(rank, key);
-  }
-}
-
 __global__ void __launch_bounds__(kSplitThreads) SplitKernel(const float* __restrict__ y, int64_t ldy,
                                                              int64_t n_valid, int32_t id_base,
                                                              const ReduceRow* __restrict__ rows,
-                                                             int chunk, uint8_t* __restrict__ scratch) {
+                                                             int chunk, uint32_t min_k,
+                                                             uint8_t* __restrict__ scratch) {
   WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.y];
   const bool best_row = BestRow(r);
-  if (!best_row && !SmallTopKRow(r)) return;
+  if (!best_row && !SmallTopKRow(r, min_k)) return;
   const int nchunks = gridDim.x;
   uint8_t* rec = scratch + (static_cast<size_t>(blockIdx.y) * nchunks + blockIdx.x) * kSplitRec;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * chunk;
@@ -254,11 +174,12 @@ __global__ void __launch_bounds__(kSplitThreads) SplitMerge(const float* __restr
                                                             int32_t id_base,
                                                             const ReduceRow* __restrict__ rows,
                                                             uint8_t* __restrict__ payload, int nchunks,
+                                                            uint32_t min_k,
                                                             const uint8_t* __restrict__ scratch) {
   WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.x];
   const bool best_row = BestRow(r);
-  if (!best_row && !SmallTopKRow(r)) return;
+  if (!best_row && !SmallTopKRow(r, min_k)) return;
   const uint8_t* recs = scratch + static_cast<size_t>(blockIdx.x) * nchunks * kSplitRec;
   uint8_t* out = payload + r.out_offset;
   __shared__ Candidate cred[kSplitThreads / 32];
@@ -353,7 +274,7 @@ size_t SplitReduceScratchBytes(int nrows) {
 
 cudaError_t LaunchSplitReduce(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                               const ReduceRow* rows, int nrows, uint8_t* payload, int chunk,
-                              void* scratch, cudaStream_t stream) {
+                              uint32_t min_k, void* scratch, cudaStream_t stream) {
   if (chunk <= 0 || chunk > kSplitMaxChunk) return cudaErrorInvalidValue;
   uint8_t* recs = static_cast<uint8_t*>(scratch);
   const int nchunks = static_cast<int>(std::max<int64_t>(1, (n_valid + chunk - 1) / chunk));
@@ -361,9 +282,9 @@ cudaError_t LaunchSplitReduce(const float* y, int64_t ldy, int64_t n_valid, int3
   const size_t smem = static_cast<size_t>(chunk) * 4 +
                       static_cast<size_t>(kSmallTopK) * 4 * ((chunk + 1023) / 1024) * 8;
   DH_CUDA_TRY(LaunchDependent(SplitKernel, dim3(nchunks, nrows), dim3(kSplitThreads), smem, stream,
-                              y, ldy, n_valid, id_base, rows, chunk, recs));
+                              y, ldy, n_valid, id_base, rows, chunk, min_k, recs));
   return LaunchDependent(SplitMerge, dim3(nrows), dim3(kSplitThreads), 0, stream, y, ldy, id_base,
-                         rows, payload, nchunks, static_cast<const uint8_t*>(recs));
+                         rows, payload, nchunks, min_k, static_cast<const uint8_t*>(recs));
 }
 
 }  // namespace drafthead::cuda::epilogue

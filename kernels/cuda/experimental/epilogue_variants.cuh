@@ -14,7 +14,11 @@ namespace drafthead::cuda {
 
 // ShardEpilogue with variant: 0 the default dispatch (split path, chunk chosen by shape), 1 the
 // round-1 kernels (one CTA per row for everything), 2 / 4 / 3 / 5 the split path with
-// 512 / 1024 / 2048 / 4096-column chunks. Other variants: cudaErrorInvalidValue.
+// 512 / 1024 / 2048 / 4096-column chunks, 6 TOP_K k <= 16 on the group family
+// (experimental/group_topk.cuh), the rest as 0. Other variants: cudaErrorInvalidValue.
+// scratch_bytes: at least EpilogueVariantScratchBytes.
+size_t EpilogueVariantScratchBytes(int64_t n_valid, int nrows, int variant);
+
 cudaError_t ShardEpilogueVariant(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                                  int32_t id_base, const ReduceRow* rows_dev, int nrows,
                                  uint8_t* payload, void* scratch, size_t scratch_bytes,

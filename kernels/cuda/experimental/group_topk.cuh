@@ -1,0 +1,37 @@
+// Experimental epilogue family "group" (bench and tests only; epilogue_variants.cu variant 6):
+// TOP_K rows with k <= kGroupTopK in two kernels that keep the softmax partial exact and the rows
+// batch-invariant.
+//   GroupScan: one warp a group of 128 columns (a float4 a lane), no barrier and no shared memory:
+//     the group's largest TopKKey, its max of v / T (first of equals) and its sum of exponentials
+//     relative to that max (fp32 terms added in double, a fixed shuffle tree), 24 bytes to scratch.
+//   GroupMerge: one CTA a row over its group records: the row's max and sum (a fixed order), the
+//     exact k-th largest group key t (a lower bound for the row's k-th largest key: k groups hold
+//     a key >= t), then only the k groups with keys >= t are read again for their candidates.
+// Against the split family (split_reduce.cuh) at 64 rows: one read of the logits with warp-local
+// work instead of per-CTA sorts and five barriers, and a merge that reads k x 128 logits a row.
+// Results depend on n_valid alone (groups are fixed columns): bit-identical keys to the CPU, the
+// sum within the tests' tolerance, batch-invariant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/shard_reduce.cuh"
+
+namespace drafthead::cuda::epilogue {
+
+inline constexpr uint32_t kGroupTopK = 16;   // the largest k the group path serves
+inline constexpr int64_t kGroupMaxCols = 262144;  // n_valid it serves (<= 8 group records a thread)
+
+// Scratch bytes for nrows rows of n_valid columns.
+size_t GroupTopKScratchBytes(int64_t n_valid, int nrows);
+
+// TOP_K rows with 1 <= k <= kGroupTopK; other rows' CTAs return at once. cudaErrorInvalidValue
+// when n_valid > kGroupMaxCols or scratch_bytes is short. Both kernels are programmatic dependents.
+cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
+                            const ReduceRow* rows, int nrows, uint8_t* payload, void* scratch,
+                            size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace drafthead::cuda::epilogue
