@@ -28,22 +28,21 @@ __device__ __forceinline__ bool GroupRow(const ReduceRow& r) {
 
 __device__ __forceinline__ int64_t Groups(int64_t n_valid) { return (n_valid + kGroupCols - 1) / kGroupCols; }
 
-// Butterflies: every lane ends with the same value (a + b == b + a), whatever the lane.
-__device__ __forceinline__ uint64_t WarpMaxKey(uint64_t v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const uint64_t o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-__device__ __forceinline__ double WarpSumDouble(double v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
+// The order of a float for redux.sync's unsigned max: larger is better, -0 ties +0, NaN (and no
+// column: 0) below everything.
+__device__ __forceinline__ uint32_t FloatOrder(float f) {
+  if (f != f) return 0u;
+  if (f == 0.f) f = 0.f;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// GPW groups a warp, their loads issued before any is used.
+// GPW groups a warp, their loads issued before any is used. Per group, warp-wide: the max of v / T
+// (redux on its order, then the first lane holding it: its columns come first), the largest key
+// (redux on the high word, then on the low word among the lanes holding it), and the sum of exps
+// relative to the max in fp32, pairwise: (t0 + t1) + (t2 + t3) a lane, then a butterfly whose
+// every lane adds the same pairs (a + b == b + a), so the sum is one fixed tree of 7 levels: its
+// rounding error < 7 x 2^-24 of the sum (the row adds the groups in double).
 template <int GPW>
 __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restrict__ y, int64_t ldy,
                                                             int64_t n_valid, int32_t id_base,
@@ -75,34 +74,41 @@ __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restr
     const int64_t g = g0 + i;
     if (g >= ng) break;  // warp-uniform
     const int64_t c = g * kGroupCols + lane * 4;
-    uint64_t km = 0;
-    MaxAt best{kNegInf, INT64_MAX};
-    bool nan = false;
     float s[4];
+    uint32_t mo = 0, khi = 0, klo = 0;
+    float mv = kNegInf;  // the lane's first column holding its max order
+    bool nan = false;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       s[u] = Scaled(v[i][u], T);
       if (c + u < n_valid) {
-        best = Better(best, MaxAt{s[u], c + u});
+        const uint32_t o = FloatOrder(s[u]);
+        if (o > mo) mo = o, mv = s[u];
         const uint64_t key = TopKKey(v[i][u], static_cast<uint32_t>(id_base + c + u));
-        km = key > km ? key : km;
+        const uint32_t hi = static_cast<uint32_t>(key >> 32), lo = static_cast<uint32_t>(key);
+        if (hi > khi || (hi == khi && lo > klo)) khi = hi, klo = lo;
         nan |= v[i][u] != v[i][u];
       }
     }
-    best = WarpBetter(best);
-    km = WarpMaxKey(km);
+    const uint32_t gmo = __reduce_max_sync(0xffffffffu, mo);
+    const uint32_t first = __ffs(__ballot_sync(0xffffffffu, mo == gmo)) - 1;
+    const float m = gmo == 0 ? kNegInf : __shfl_sync(0xffffffffu, mv, first);
+    const uint32_t ghi = __reduce_max_sync(0xffffffffu, khi);
+    const uint32_t glo = __reduce_max_sync(0xffffffffu, khi == ghi ? klo : 0u);
     const bool any_nan = __any_sync(0xffffffffu, nan);
     double sum;
-    if (isfinite(best.v)) {
-      double own = 0.0;
+    if (isfinite(m)) {
+      float t[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (c + u < n_valid) own += static_cast<double>(SumTerm(s[u], best.v));
-      sum = WarpSumDouble(own);
+      for (int u = 0; u < 4; ++u) t[u] = c + u < n_valid ? SumTerm(s[u], m) : 0.f;
+      float own = (t[0] + t[1]) + (t[2] + t[3]);
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) own += __shfl_xor_sync(0xffffffffu, own, off);
+      sum = static_cast<double>(own);
     } else {
       sum = any_nan ? __longlong_as_double(0x7ff8000000000000ll) : 0.0;
     }
-    if (lane == 0) recs[g] = GroupRec{km, sum, best.v, 0u};
+    if (lane == 0) recs[g] = GroupRec{(static_cast<uint64_t>(ghi) << 32) | glo, sum, m, 0u};
   }
 }
 
@@ -125,22 +131,41 @@ __global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __rest
   __shared__ uint64_t t_exact;
   __shared__ uint32_t ecnt;
   const uint32_t k = r.k;
-  // Thread i: the contiguous groups [i L, (i+1) L) (a fixed order for the sum: batch-invariant).
-  const int64_t L = (ng + kReduceThreads - 1) / kReduceThreads;
-  const int64_t e0 = threadIdx.x * L, e1 = min(e0 + L, ng);
+  // Thread i: the contiguous groups [i L, (i+1) L) (a fixed order for the sum: batch-invariant),
+  // read once into registers (L <= kMaxGroupsPerThread).
+  const int L = static_cast<int>((ng + kReduceThreads - 1) / kReduceThreads);
+  const int64_t e0 = threadIdx.x * static_cast<int64_t>(L);
+  const int64_t left = ng - e0;
+  const int n_own = left <= 0 ? 0 : (left < L ? static_cast<int>(left) : L);
+  uint64_t keys[kMaxGroupsPerThread];
+  float maxes[kMaxGroupsPerThread];
+  double sums[kMaxGroupsPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxGroupsPerThread; ++i) {
+    if (i < n_own) {
+      const GroupRec rec = recs[e0 + i];
+      keys[i] = rec.key, maxes[i] = rec.max, sums[i] = rec.sum;
+    } else {
+      keys[i] = 0, maxes[i] = kNegInf, sums[i] = 0.0;
+    }
+  }
   uint64_t tm = 0;
   MaxAt best{kNegInf, INT64_MAX};
-  for (int64_t g = e0; g < e1; ++g) {
-    const GroupRec rec = recs[g];
-    tm = rec.key > tm ? rec.key : tm;
-    best = Better(best, MaxAt{rec.max, g});  // groups in column order: first of equals
+#pragma unroll
+  for (int i = 0; i < kMaxGroupsPerThread; ++i) {
+    if (i < n_own) {
+      tm = keys[i] > tm ? keys[i] : tm;
+      best = Better(best, MaxAt{maxes[i], e0 + i});  // groups in column order: first of equals
+    }
   }
   const float gmax = BlockMaxAndThreshold(best, tm, k, sh);
   double sum = 0.0;
   if (isfinite(gmax)) {
-    for (int64_t g = e0; g < e1; ++g) {
-      const double cs = recs[g].sum;
-      if (cs > 0.0 || cs != cs) sum += cs * exp(static_cast<double>(recs[g].max) - static_cast<double>(gmax));
+#pragma unroll
+    for (int i = 0; i < kMaxGroupsPerThread; ++i) {
+      const double cs = sums[i];
+      if (i < n_own && (cs > 0.0 || cs != cs))
+        sum += cs * exp(static_cast<double>(maxes[i]) - static_cast<double>(gmax));
     }
   }
   if (threadIdx.x == 0) ecnt = 0;
@@ -148,20 +173,16 @@ __global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __rest
   __syncthreads();
   // The groups whose key reaches the thread-maxima threshold (at most k threads x L groups).
   const uint64_t t1 = sh.t;
-  for (int64_t g = e0; g < e1; ++g) {
-    const uint64_t key = recs[g].key;
-    if (key >= t1) gcand[atomicAdd(&sh.cnt, 1u)] = key;
-  }
+#pragma unroll
+  for (int i = 0; i < kMaxGroupsPerThread; ++i)
+    if (i < n_own && keys[i] >= t1) gcand[atomicAdd(&sh.cnt, 1u)] = keys[i];
   __syncthreads();
   const uint32_t gc = sh.cnt;
   // Their exact k-th largest key t: exactly the k groups ranked < k hold keys >= t.
-  for (uint32_t i = threadIdx.x; i < gc; i += kReduceThreads) {
-    const uint64_t key = gcand[i];
-    uint32_t rank = 0;
-    for (uint32_t j = 0; j < gc; ++j) rank += gcand[j] > key;
-    if (rank < k) sel[rank] = (static_cast<int64_t>(TopKKeyId(key)) - id_base) / kGroupCols;
+  RankCandidates(gcand, gc, k, [&](uint32_t rank, uint64_t key) {
+    sel[rank] = (static_cast<int64_t>(TopKKeyId(key)) - id_base) / kGroupCols;
     if (rank == k - 1) t_exact = key;
-  }
+  });
   __syncthreads();
   const uint32_t nsel = gc < k ? gc : k;
   const uint64_t t = gc >= k ? t_exact : 1;  // fewer groups than k: every column
