@@ -26,6 +26,7 @@ import time
 
 import torch
 
+import drafthead_client.lane as lanemod
 from drafthead_client import RemoteDraftHead
 
 
@@ -211,6 +212,12 @@ def pieces(head, K, dev, n):
         ("Lane.call_cuda alone (the one C call and its Python wrapper)",
          lambda: lane.call_cuda(mode=pb.TOP_K, x=x, out_ptrs=(out[0].data_ptr(), out[1].data_ptr()), top_k=8,
                                 wait=False)),
+        ("lane._pack(...) (the 128-byte descriptor)",
+         lambda: lanemod._pack(0, 5, pb.BF16, pb.TOP_K, 0, 0, 8, False, 1.0, 0, lanemod._NO_SLICE, (2, 0, 480),
+                               fence=True, ids64=True)),
+        ("head._check_out(out, TOP_K, 5 rows) (the out= checks)",
+         lambda: head._check_out(out, pb.TOP_K, 5, lane, top_k=8, return_probs=False)),
+        ("a ctypes call with no arguments (dh_lane_abi_version)", lambda: lane._lib.dh_lane_abi_version()),
         ("torch.cuda.current_stream(i).cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream),
         ("torch.empty((5, 8), int64, cuda)", lambda: torch.empty((5, 8), dtype=torch.int64, device=dev)),
         ("x.device != dev, x.dtype in (...), x.is_contiguous(), x.shape[-1]",
