@@ -1,9 +1,10 @@
 // Experimental epilogue family "group" (bench and tests only; epilogue_variants.cu variant 6):
-// TOP_K rows with k <= kGroupTopK in two kernels that keep the softmax partial exact and the rows
-// batch-invariant.
+// TOP_K rows with k <= kGroupTopK in two kernels that keep the keys exact, the softmax partial
+// within the tests' tolerance and the rows batch-invariant.
 //   GroupScan: one warp a group of 128 columns (a float4 a lane), no barrier and no shared memory:
 //     the group's largest TopKKey, its max of v / T (first of equals) and its sum of exponentials
-//     relative to that max (fp32 terms added in double, a fixed shuffle tree), 24 bytes to scratch.
+//     relative to that max (fp32, one fixed pairwise tree: < 7 x 2^-24 of the group's sum), 24
+//     bytes to scratch; the max and key by redux.sync.
 //   GroupMerge: one CTA a row over its group records: the row's max and sum (a fixed order), the
 //     exact k-th largest group key t (a lower bound for the row's k-th largest key: k groups hold
 //     a key >= t), then only the k groups with keys >= t are read again for their candidates.
