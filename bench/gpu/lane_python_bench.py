@@ -170,7 +170,8 @@ def main():
 
 
 def pieces(head, K, dev, n):
-    """Host us a piece (median of 64-call batches' means; the stream synchronised between batches)."""
+    """Host us of a stream-ordered call's pieces: the whole calls one at a time (median), the
+    pieces alone (median of 64-call batches' means)."""
     cu = ctypes.CDLL("libcuda.so.1")
     cu.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
     cu.cuStreamWriteValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]

@@ -14,10 +14,8 @@ namespace {
 // row) combines them. The candidate orders are total (unique ids), so the result does not depend on
 // how the row was cut: bit-identical to the CPU.
 //
-// TOP_K inside a CTA: each thread's largest key is a lower bound for its own elements; the k-th
-// largest of the 256 thread maxima, t, is a lower bound for the chunk's k-th largest key (k distinct
-// elements are >= t), and only the k threads with maxima >= t can hold keys >= t: at most
-// k x (elements per thread) candidates, ranked by counting (keys are unique).
+// TOP_K inside a CTA: the thread-maxima threshold of reduce_common.cuh (ThresholdFromMaxima) leaves
+// at most k x (elements per thread) candidates, ranked by counting (keys are unique).
 constexpr int kSplitThreads = kReduceThreads;
 constexpr int kSplitMaxChunk = 4096;   // columns per CTA (staged: 16 KB)
 constexpr int kSplitMaxChunks = 128;   // chunks per row
