@@ -653,8 +653,7 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   DH_CU(drows.Upload(c.rows));
   DeviceBuffer<uint8_t> pay(c.bytes);
   const int nrows = static_cast<int>(c.rows.size());
-  const size_t sb = variant == 0 ? cuda::EpilogueScratchBytes(n_valid, nrows)
-                                 : cuda::EpilogueVariantScratchBytes(n_valid, nrows, variant);
+  const size_t sb = cuda::EpilogueScratchBytes(n_valid, nrows);
   DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
   const cuda::ReduceRow* hrows = host_rows ? c.rows.data() : nullptr;
   // Twice on one scratch, the first answer overwritten (0xcd bytes left anywhere a second call
@@ -722,8 +721,9 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   }
 }
 
-// Every epilogue dispatch: the default (with and without the host copy of the rows), the round-1
-// kernels, the split path with 512- to 4096-column chunks, and the group family for TOP_K k <= 16.
+// Every epilogue dispatch: the default (TOP_K k <= 16 on the group family; with and without the
+// host copy of the rows), the round-1 kernels, and the split path for every row with 512- to
+// 4096-column chunks or the default chunk (variant 6).
 void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                    int32_t id_base, const EpilogueCase& c) {
   const struct {

@@ -166,7 +166,7 @@ __device__ __forceinline__ void ThresholdFromMaxima(uint64_t (*s_sorted)[32], ui
   if (above == k - 1) *s_t = tm;  // unique keys: one thread at most
 }
 
-// Shared memory of a block's TOP_K threshold (split_reduce.cu, experimental/group_topk.cu).
+// Shared memory of a block's TOP_K threshold (split_reduce.cu, group_topk.cu).
 struct TopKShared {
   uint64_t sorted[kReduceThreads / 32][32];  // ThresholdFromMaxima's sorted thread maxima
   MaxAt mred[kReduceThreads / 32];

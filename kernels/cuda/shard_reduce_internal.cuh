@@ -15,13 +15,14 @@ namespace drafthead::cuda::detail {
 // ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
 // kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the
 // split path off (every row on the one-CTA-a-row kernels), 512..4096 a fixed chunk (raised where
-// the row would need more than the split path's chunk limit; off past 4096). split_min_k: TOP_K
-// rows with a smaller k are left out of the split path (another family serves them; 1: none).
+// the row would need more than the split path's chunk limit; off past 4096). group_topk: TOP_K
+// k <= kGroupTopK on the group family where the split path is on (ShardEpilogue: true); false
+// leaves them to the split path.
 cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_shard,
                                         int64_t n_valid, int32_t id_base,
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
                                         const ReduceRow* rows_host, int split_chunk,
-                                        uint32_t split_min_k);
+                                        bool group_topk);
 
 }  // namespace drafthead::cuda::detail

@@ -22,7 +22,7 @@ constexpr int kSplitMaxChunks = 128;   // chunks per row
 constexpr size_t kSplitRec = 16 + kSmallTopK * 8;  // {max f32, pad, sum f64} + k keys (or a Candidate)
 constexpr int kSplitMergeCand = kSmallTopK * ((kSplitMaxChunks * kSmallTopK + kSplitThreads - 1) / kSplitThreads);
 
-// min_k: smaller k are another family's (the experimental group path); 1 in production.
+// min_k: smaller k are another family's (group_topk.cuh where it serves; else 1).
 __device__ __forceinline__ bool SmallTopKRow(const ReduceRow& r, uint32_t min_k) {
   return r.mode == static_cast<uint8_t>(ReduceMode::kTopK) && r.k >= min_k && r.k <= kSmallTopK;
 }

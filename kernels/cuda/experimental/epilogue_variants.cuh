@@ -12,12 +12,12 @@
 
 namespace drafthead::cuda {
 
-// ShardEpilogue with variant: 0 the default dispatch (split path, chunk chosen by shape), 1 the
-// round-1 kernels (one CTA per row for everything), 2 / 4 / 3 / 5 the split path with
-// 512 / 1024 / 2048 / 4096-column chunks, 6 TOP_K k <= 16 on the group family
-// (experimental/group_topk.cuh), the rest as 0. Other variants: cudaErrorInvalidValue.
-// scratch_bytes: at least EpilogueVariantScratchBytes.
-size_t EpilogueVariantScratchBytes(int64_t n_valid, int nrows, int variant);
+// ShardEpilogue with variant: 0 the default dispatch (ShardEpilogue: TOP_K k <= 16 on the group
+// family, group_topk.cuh; the rest on the split path, chunk chosen by shape); 1 the round-1 kernels
+// (one CTA per row for everything); 2 / 4 / 3 / 5 the split path with 512 / 1024 / 2048 /
+// 4096-column chunks and 6 with the chunk chosen by shape (the default before the group family,
+// session 16), all three serving TOP_K k <= 16 on the split path. Other variants:
+// cudaErrorInvalidValue. scratch_bytes: at least EpilogueScratchBytes.
 
 cudaError_t ShardEpilogueVariant(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                                  int32_t id_base, const ReduceRow* rows_dev, int nrows,

@@ -1,6 +1,7 @@
-// Experimental epilogue family "group" (bench and tests only; epilogue_variants.cu variant 6):
-// TOP_K rows with k <= kGroupTopK in two kernels that keep the keys exact, the softmax partial
-// within the tests' tolerance and the rows batch-invariant.
+// Epilogue family "group": TOP_K rows with k <= kGroupTopK where n_valid <= kGroupMaxCols and the
+// split path is on (shard_reduce.cu's dispatch; session 16, docs/cuda.md round 6), in two kernels
+// that keep the keys exact, the softmax partial within the tests' tolerance and the rows
+// batch-invariant. Internal to the epilogue (shard_reduce.cu validates the arguments).
 //   GroupScan: one warp a group of 128 columns (a float4 a lane), no barrier and no shared memory:
 //     the group's largest TopKKey, its max of v / T (first of equals) and its sum of exponentials
 //     relative to that max (fp32, one fixed pairwise tree: < 7 x 2^-24 of the group's sum), 24

@@ -1,4 +1,4 @@
-#include "kernels/cuda/experimental/group_topk.cuh"
+#include "kernels/cuda/group_topk.cuh"
 
 #include <algorithm>
 
