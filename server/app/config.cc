@@ -47,9 +47,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(bool, take_ahead, true,
           "Alone (tp = 1): while a batch is on the device and a full batch waits, take it and write "
           "its rows into the upload buffer (false: take each batch once the last one is done)");
-ABSL_FLAG(bool, launch_ahead, false,
+ABSL_FLAG(bool, launch_ahead, true,
           "Alone (tp = 1) on a GPU, with --take-ahead: also launch the batch taken ahead behind the one "
-          "on the device, so the GPU goes on to it while the other is answered (off until measured)");
+          "on the device, so the GPU goes on to it while the other is answered (false: launch it once "
+          "the other is done)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "

@@ -54,7 +54,7 @@ struct ServerConfig {
   BackendOptions backend_options;
   EngineOptions engine;            // op/load timeouts, max_rows
   bool take_ahead = true;          // --take-ahead: BatchLoop prepares the next batch during one
-  bool launch_ahead = false;       // --launch-ahead: ... and launches it behind the running one
+  bool launch_ahead = true;        // --launch-ahead: ... and launches it behind the running one
 
   // ---- Rank 0's front.
   std::string listen;          // gRPC HOST:PORT or unix:PATH (CheckListenAddress)
