@@ -63,8 +63,8 @@ enum : uint32_t {
   kLaunchFull = 1, kLaunchSplit = 2, kLaunchBestPerRow = 4, kLaunchTopKSelect = 8, kLaunchGroup = 16
 };
 
-// Whether the group family serves TOP_K k <= kGroupTopK at this split chunk (0: the split path
-// off, and with it the group family: both need the chunked layout's row lengths).
+// Whether the group family serves TOP_K k <= kGroupTopK at this split chunk: only beside the split
+// path (chunk 0 is variant 1's round-1 kernels for every row), as it was measured and tested.
 bool GroupServes(int64_t n_valid, int chunk, bool group_topk) {
   return group_topk && chunk > 0 && n_valid <= epilogue::kGroupMaxCols;
 }
@@ -132,7 +132,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
     DH_CUDA_TRY(epilogue::LaunchFullLogits(y, ldy, n_shard, rows_dev, nrows, payload, stream));
   uint8_t* seg_scratch = static_cast<uint8_t*>(scratch);
   uint8_t* split_scratch = seg_scratch + epilogue::TopKSelectScratchBytes(n_valid, nrows);
-  // The split path leaves TOP_K rows the group family serves (k < its min_k).
+  // The split path leaves the group family's rows (k below its min_k).
   if (any_split)
     DH_CUDA_TRY(epilogue::LaunchSplitReduce(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
                                             chunk, group ? kGroupTopK + 1 : 1, split_scratch, stream));

@@ -27,8 +27,8 @@ int SplitChunk(int64_t n_valid, int fixed_chunk);
 size_t SplitReduceScratchBytes(int nrows);
 
 // chunk: from SplitChunk (cudaErrorInvalidValue for 0 or a chunk too small for n_valid). TOP_K
-// rows with k < min_k are left to another family (group_topk.cuh where it serves; else 1). Both kernels are launched as
-// programmatic dependents (dependent_launch.cuh).
+// rows with k < min_k are left to another family (group_topk.cuh where it serves; else 1). Both
+// kernels are launched as programmatic dependents (dependent_launch.cuh).
 cudaError_t LaunchSplitReduce(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                               const ReduceRow* rows, int nrows, uint8_t* payload, int chunk,
                               uint32_t min_k, void* scratch, cudaStream_t stream);
