@@ -26,7 +26,7 @@ __device__ __forceinline__ bool GroupRow(const ReduceRow& r) {
   return r.mode == static_cast<uint8_t>(ReduceMode::kTopK) && r.k >= 1 && r.k <= kGroupTopK;
 }
 
-__device__ __forceinline__ int64_t Groups(int64_t n_valid) { return (n_valid + kGroupCols - 1) / kGroupCols; }
+__host__ __device__ __forceinline__ int64_t Groups(int64_t n_valid) { return (n_valid + kGroupCols - 1) / kGroupCols; }
 
 // The order of a float for redux.sync's unsigned max: larger is better, -0 ties +0, NaN (and no
 // column: 0) below everything.
@@ -59,16 +59,7 @@ __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restr
   const float T = r.temperature;
   float v[GPW][4];
 #pragma unroll
-  for (int i = 0; i < GPW; ++i) {
-    const int64_t c = (g0 + i) * kGroupCols + lane * 4;
-    if (c + 4 <= n_valid) {
-      const float4 q = *reinterpret_cast<const float4*>(src + c);
-      v[i][0] = q.x, v[i][1] = q.y, v[i][2] = q.z, v[i][3] = q.w;
-    } else {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[i][u] = c + u < n_valid ? src[c + u] : 0.f;
-    }
-  }
+  for (int i = 0; i < GPW; ++i) LoadFour(src, (g0 + i) * kGroupCols + lane * 4, n_valid, v[i]);
 #pragma unroll
   for (int i = 0; i < GPW; ++i) {
     const int64_t g = g0 + i;
@@ -208,8 +199,7 @@ __global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __rest
 }  // namespace
 
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows) {
-  return static_cast<size_t>(nrows) * static_cast<size_t>((n_valid + kGroupCols - 1) / kGroupCols) *
-         sizeof(GroupRec);
+  return static_cast<size_t>(nrows) * static_cast<size_t>(Groups(n_valid)) * sizeof(GroupRec);
 }
 
 cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
@@ -219,7 +209,7 @@ cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_
   if (n_valid < 0 || n_valid > kGroupMaxCols || scratch == nullptr ||
       scratch_bytes < GroupTopKScratchBytes(n_valid, nrows) || (reinterpret_cast<uintptr_t>(scratch) & 7u) != 0)
     return cudaErrorInvalidValue;
-  const int64_t ng = std::max<int64_t>(1, (n_valid + kGroupCols - 1) / kGroupCols);
+  const int64_t ng = std::max<int64_t>(1, Groups(n_valid));
   auto* recs = static_cast<uint8_t*>(scratch);
   constexpr int kWarps = kReduceThreads / 32;
   // Four groups a warp where rows are many (fewer CTAs, more loads in flight each); one where

@@ -21,6 +21,19 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // |v / T - max| x 2^-24 plus expf's 2 ulp (< 1e-6 for every term that moves the sum; the partial
 // is stored as a float anyway). Callers add the terms in double. A double-precision exp a column
 // (dozens of half-rate DP instructions) was most of the TOP_K epilogue's instructions.
+// Four columns [j, j + 4) of a row of len (16-byte aligned at j): one float4 load where all four
+// are in the row, else one by one with 0 past its end.
+template <typename Index>
+__device__ __forceinline__ void LoadFour(const float* __restrict__ src, Index j, Index len, float (&v)[4]) {
+  if (j + 4 <= len) {
+    const float4 q = *reinterpret_cast<const float4*>(src + j);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = j + u < len ? src[j + u] : 0.f;
+  }
+}
+
 __device__ __forceinline__ float Scaled(float v, float T) { return T == 1.f ? v : v / T; }
 __device__ __forceinline__ float SumTerm(float scaled, float max_scaled) { return expf(scaled - max_scaled); }
 

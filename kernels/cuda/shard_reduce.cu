@@ -21,16 +21,17 @@ namespace {
 
 // Scratch: the TOP_K segments' records, the split path's chunk records, then (16-byte aligned)
 // the group family's records where it may serve (n_valid <= kGroupMaxCols).
+size_t SegmentAndSplitBytes(int64_t n_valid, int nrows) {
+  return epilogue::TopKSelectScratchBytes(n_valid, nrows) + epilogue::SplitReduceScratchBytes(nrows);
+}
 size_t GroupScratchOffset(int64_t n_valid, int nrows) {
-  return (epilogue::TopKSelectScratchBytes(n_valid, nrows) + epilogue::SplitReduceScratchBytes(nrows) +
-          15) / 16 * 16;
+  return (SegmentAndSplitBytes(n_valid, nrows) + 15) / 16 * 16;
 }
 
 }  // namespace
 
 size_t EpilogueScratchBytes(int64_t n_valid, int nrows) {
-  if (n_valid > epilogue::kGroupMaxCols)
-    return epilogue::TopKSelectScratchBytes(n_valid, nrows) + epilogue::SplitReduceScratchBytes(nrows);
+  if (n_valid > epilogue::kGroupMaxCols) return SegmentAndSplitBytes(n_valid, nrows);
   return GroupScratchOffset(n_valid, nrows) + epilogue::GroupTopKScratchBytes(n_valid, nrows);
 }
 
@@ -79,13 +80,13 @@ uint32_t Launches(int chunk, bool group, const ReduceRow* rows_host, int nrows) 
   for (int i = 0; i < nrows; ++i) {
     const ReduceRow& r = rows_host[i];
     const auto mode = static_cast<ReduceMode>(r.mode);
-    if (mode == ReduceMode::kFullLogits) m |= kLaunchFull;
-    const bool best = mode == ReduceMode::kArgmax || mode == ReduceMode::kSample;
-    const bool small = mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kSmallTopK;
     if (group && mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kGroupTopK) {
       m |= kLaunchGroup;
       continue;
     }
+    if (mode == ReduceMode::kFullLogits) m |= kLaunchFull;
+    const bool best = mode == ReduceMode::kArgmax || mode == ReduceMode::kSample;
+    const bool small = mode == ReduceMode::kTopK && r.k >= 1 && r.k <= kSmallTopK;
     if (chunk > 0 && (best || small)) m |= kLaunchSplit;
     if (chunk == 0 && best) m |= kLaunchBestPerRow;
     if (mode == ReduceMode::kTopK && (chunk == 0 || !small)) m |= kLaunchTopKSelect;

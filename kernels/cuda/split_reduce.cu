@@ -37,16 +37,8 @@ constexpr int kSplitIt = kSplitMaxChunk / (kSplitThreads * 4);
 __device__ __forceinline__ void LoadChunk(const float* __restrict__ src, int len,
                                           float (&v)[kSplitIt][4]) {
 #pragma unroll
-  for (int it = 0; it < kSplitIt; ++it) {
-    const int j = (threadIdx.x + it * kSplitThreads) * 4;
-    if (j + 4 <= len) {
-      const float4 q = *reinterpret_cast<const float4*>(src + j);
-      v[it][0] = q.x, v[it][1] = q.y, v[it][2] = q.z, v[it][3] = q.w;
-    } else {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[it][u] = j + u < len ? src[j + u] : 0.f;
-    }
-  }
+  for (int it = 0; it < kSplitIt; ++it)
+    LoadFour(src, static_cast<int>((threadIdx.x + it * kSplitThreads) * 4), len, v[it]);
 }
 
 // f(column, value) for each of the thread's elements of its chunk (loaded as LoadChunk does).
