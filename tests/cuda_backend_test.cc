@@ -486,16 +486,21 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
 // equal the same batch run alone: the rows are written only after the step's H2D read them (a
 // race would mix two batches' rows), graphs on (the H2D inside the graph) and off; and the last
 // batch's host payload, which the completer answers from meanwhile, must stay as it was. With
-// launch_ahead the next batch is also launched there, behind the running one (--launch-ahead).
+// launch_ahead the next batch is also launched there, behind the running one (--launch-ahead), its
+// rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
-  for (auto [graphs, launch_ahead] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
-                                      std::pair{false, true}}) {
+  struct Way {
+    bool graphs, launch_ahead, aside;
+  };
+  for (auto [graphs, launch_ahead, aside] : {Way{true, false, true}, Way{false, false, true}, Way{true, true, true},
+                                             Way{false, true, true}, Way{true, true, false}, Way{false, true, false}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
+    opt.cuda_upload_aside = aside;
     opt.max_rows = 64;
     auto be = MakeCudaBackend(opt, 0);
     ASSERT_TRUE(be.ok()) << be.status();
@@ -564,7 +569,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
           ASSERT_LE(off + answer, chain[of].alone.size());
           EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
               << what << " batch " << of << " row " << i << ", graphs " << graphs << ", launch ahead "
-              << launch_ahead;
+              << launch_ahead << ", aside " << aside;
         }
       };
       const auto* p = static_cast<const uint8_t*>(*out);

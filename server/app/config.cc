@@ -51,6 +51,10 @@ ABSL_FLAG(bool, launch_ahead, true,
           "Alone (tp = 1) on a GPU, with --take-ahead: also launch the batch taken ahead behind the one "
           "on the device, so the GPU goes on to it while the other is answered (false: launch it once "
           "the other is done)");
+ABSL_FLAG(bool, cuda_upload_aside, true,
+          "CUDA backend: a batch launched behind another uploads its rows by the copy engine on a "
+          "second stream, during the other's GEMV (false: by a kernel on the one stream, after the "
+          "other's epilogue)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -146,6 +150,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.requested_device = c.local_rank < static_cast<int>(devices.size()) ? devices[c.local_rank] : -1;
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  c.backend_options.cuda_upload_aside = absl::GetFlag(FLAGS_cuda_upload_aside);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);

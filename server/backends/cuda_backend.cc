@@ -4,8 +4,9 @@
 // --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
 // batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
 // grouped by head + the per-row epilogue descriptors; only the descriptors when a group's rows
-// arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine),
-// and, for kHost, the payload: written by the epilogue into pinned memory when small, else one
+// arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine;
+// for a step launched behind another, the copy engine on a second stream into the other of two
+// device buffers, overlapping that step's GEMV), and, for kHost, the payload: written by the epilogue into pinned memory when small, else one
 // download; one stream synchronization per Run. Events between the stages time them
 // (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
 // back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly); the kernels are
@@ -89,6 +90,7 @@ class CudaBackend : public ComputeBackend {
     for (cudaEvent_t e : forks_)
       if (e) cudaEventDestroy(e);
     if (side_) cudaStreamDestroy(side_);
+    if (upload_) cudaStreamDestroy(upload_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -111,6 +113,7 @@ class CudaBackend : public ComputeBackend {
     for (auto& step_events : events_)
       for (cudaEvent_t& e : step_events) DH_CUDA_CHECK(cudaEventCreate(&e));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    DH_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : forks_) DH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return absl::OkStatus();
   }
@@ -209,7 +212,7 @@ class CudaBackend : public ComputeBackend {
     // The rows grouped by head (each head's weights read once; y rows follow that order) in the
     // upload buffer, or already on the device (DeviceRows, UploadRows): then only the row
     // descriptors go up.
-    const bool x_on_device = x == dstage_.p;
+    const bool x_on_device = x == dstages_[0].p;
     if (x_on_device && !launched_.empty())
       return absl::FailedPreconditionError(
           "cuda backend: rows on the device behind a batch in flight (its step reads that buffer)");
@@ -252,6 +255,14 @@ class CudaBackend : public ComputeBackend {
     step.stage_bytes = stage_bytes;
     step.desc_off = desc_off;
     step.upload_from = x_on_device ? desc_off : 0;
+    // Behind a step in flight, the rows go to the other device buffer by the copy engine on
+    // upload_, overlapping that step's GEMV (on stream_ they would wait for its epilogue). Every
+    // step before the one in flight has finished (Finish waited for it; at most two launched), so
+    // the other buffer is free. A step alone uses buffer 0 (DeviceRows' and UploadRows').
+    if (!launched_.empty()) {
+      step.buffer = 1 - launched_.back().buffer;
+      step.upload_aside = opts_.cuda_upload_aside;
+    }
     // A small host payload is written by the epilogue straight into the slot's pinned buffer
     // (mapped: one address on both sides), saving the D2H copy's node and its latency.
     step.direct_payload = space == MemorySpace::kHost && layout.bytes() <= opts_.cuda_direct_payload_max;
@@ -263,6 +274,8 @@ class CudaBackend : public ComputeBackend {
     Launched launched;
     launched.slot = step.slot;
     launched.space = space;
+    launched.buffer = step.buffer;
+    launched.upload_aside = step.upload_aside;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
     launched_.push_back(launched);
     return absl::OkStatus();
@@ -286,7 +299,9 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(cudaEventSynchronize(ev[4]));
     float ms[4] = {};
     for (int i = 0; i < 4; ++i) {
-      if (cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]) != cudaSuccess) {
+      // An upload aside ends on upload_: the GEMV's time starts where stream_ took the step up.
+      cudaEvent_t from = i == 1 && step.upload_aside ? ev[kGemvStart] : ev[i];
+      if (cudaEventElapsedTime(&ms[i], from, ev[i + 1]) != cudaSuccess) {
         // Stage times are for the metrics only: a timing the driver refuses is not worth the batch.
         const cudaError_t e = cudaGetLastError();
         if (!timing_warned_)
@@ -314,7 +329,7 @@ class CudaBackend : public ComputeBackend {
       (void)cudaGetLastError();
       return nullptr;  // the caller reports it
     }
-    return dstage_.p;
+    return dstages_[0].p;
   }
 
   absl::StatusOr<const uint16_t*> UploadRows(const BatchControl& ctl, const uint16_t* x) override {
@@ -327,10 +342,10 @@ class CudaBackend : public ComputeBackend {
     DH_CUDA_CHECK(cudaSetDevice(device_));
     DH_RETURN_IF_ERROR(ReserveWork(rows));
     GroupRowsIntoStage(ctl, x);
-    DH_CUDA_CHECK(cudaMemcpyAsync(dstage_.p, stage_.p, static_cast<size_t>(rows) * geo_.hidden * 2,
+    DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[0].p, stage_.p, static_cast<size_t>(rows) * geo_.hidden * 2,
                                   cudaMemcpyHostToDevice, stream_));
     DH_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a collective on its own stream reads them next
-    return static_cast<const uint16_t*>(dstage_.p);
+    return static_cast<const uint16_t*>(dstages_[0].p);
   }
 
   uint16_t* InputRows(uint32_t rows) override {
@@ -375,6 +390,8 @@ class CudaBackend : public ComputeBackend {
     int rows = 0, n_fp8 = 0, n_bf16 = 0;
     size_t stage_bytes = 0, desc_off = 0;
     size_t upload_from = 0;  // desc_off when x is on the device already (DeviceRows)
+    int buffer = 0;            // dstages_[buffer] holds its rows and descriptors
+    bool upload_aside = false;  // uploaded on upload_ before the step (LaunchStep), not in it
     size_t d2h_bytes = 0;  // 0: the payload stays on the device, or is written to the host directly
     bool direct_payload = false;  // the epilogue writes the host payload (hpayloads_[slot])
     int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
@@ -384,6 +401,8 @@ class CudaBackend : public ComputeBackend {
     int slot = 0;
     MemorySpace space = MemorySpace::kHost;
     bool graphed = false;
+    int buffer = 0;
+    bool upload_aside = false;
   };
 
   // The batch's rows grouped by head into the upload buffer: fp8-twin rows first, then bf16-exact
@@ -440,17 +459,23 @@ class CudaBackend : public ComputeBackend {
       DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], stream_, record_flags_));
       return absl::OkStatus();
     };
-    DH_RETURN_IF_ERROR(stamp(0));
-    auto* up_dst = static_cast<uint8_t*>(dstage_.p) + s.upload_from;
-    const auto* up_src = static_cast<const uint8_t*>(stage_.p) + s.upload_from;
-    const size_t up_bytes = s.stage_bytes - s.upload_from;
-    if (opts_.cuda_upload_by_kernel) {
-      DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream_));
+    const DeviceMem& dstage = dstages_[s.buffer];
+    if (s.upload_aside) {
+      // The upload went ahead on upload_ (LaunchStep); the chain starts at the GEMV.
+      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream_, record_flags_));
     } else {
-      DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream_));
+      DH_RETURN_IF_ERROR(stamp(0));
+      auto* up_dst = static_cast<uint8_t*>(dstage.p) + s.upload_from;
+      const auto* up_src = static_cast<const uint8_t*>(stage_.p) + s.upload_from;
+      const size_t up_bytes = s.stage_bytes - s.upload_from;
+      if (opts_.cuda_upload_by_kernel) {
+        DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream_));
+      } else {
+        DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream_));
+      }
+      DH_RETURN_IF_ERROR(stamp(1));
     }
-    DH_RETURN_IF_ERROR(stamp(1));
-    const auto* dx = static_cast<const uint16_t*>(dstage_.p);
+    const auto* dx = static_cast<const uint16_t*>(dstage.p);
     auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
       const auto* exps = static_cast<const uint8_t*>(exps_.p);
@@ -468,7 +493,7 @@ class CudaBackend : public ComputeBackend {
     }
     DH_RETURN_IF_ERROR(stamp(2));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
-        static_cast<const uint8_t*>(dstage_.p) + s.desc_off);
+        static_cast<const uint8_t*>(dstage.p) + s.desc_off);
     auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : payload_.p);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
@@ -484,20 +509,29 @@ class CudaBackend : public ComputeBackend {
   // Launches the step: replays the graph captured for its shape (capturing it the first time), or
   // launches eagerly (graphs off, cuBLAS rows, a shape whose capture failed, the cache full).
   // Every value a step's kernels read that changes between steps of one shape (x, the row
-  // descriptors) lies in dstage_, uploaded by the graph's own H2D node (x there already: from the
-  // descriptors on); the rest is fixed per shape: the row count, the epilogue's kernels
-  // (EpilogueLaunches), the bytes copied back (< 2^36), whether x is uploaded, and the slot (its
-  // events and the D2H's or the epilogue's host target), whether the epilogue writes to the host.
+  // descriptors) lies in its dstages_ buffer, uploaded by the graph's own H2D node (x there
+  // already: from the descriptors on) or aside before it; the rest is fixed per shape: the row
+  // count, the epilogue's kernels (EpilogueLaunches), the bytes copied back, whether x is
+  // uploaded, the slot (its events and the D2H's or the epilogue's host target), whether the
+  // epilogue writes to the host, the buffer and whether the upload went aside.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
-    if (!opts_.cuda_graphs || s.n_bf16 > 0 || s.d2h_bytes >= (uint64_t{1} << 36))
-      return EnqueueStep(s, desc);
-    const uint64_t key = static_cast<uint64_t>(s.rows) |
-                         static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
-                         static_cast<uint64_t>(s.d2h_bytes) << 24 |
-                         static_cast<uint64_t>(s.direct_payload) << 60 |
-                         static_cast<uint64_t>(s.upload_from != 0) << 61 |
-                         static_cast<uint64_t>(s.slot) << 62;
+    if (s.upload_aside) {
+      cudaEvent_t* ev = events_[s.slot];
+      DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
+      DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[s.buffer].p, stage_.p, s.stage_bytes,
+                                    cudaMemcpyHostToDevice, upload_));
+      DH_CUDA_CHECK(cudaEventRecord(ev[1], upload_));
+      DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev[1], 0));
+    }
+    if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
+    const GraphKey key{static_cast<uint64_t>(s.rows) |
+                           static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
+                           static_cast<uint64_t>(s.slot) << 24 | static_cast<uint64_t>(s.buffer) << 26 |
+                           static_cast<uint64_t>(s.direct_payload) << 27 |
+                           static_cast<uint64_t>(s.upload_from != 0) << 28 |
+                           static_cast<uint64_t>(s.upload_aside) << 29,
+                       s.d2h_bytes};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc);
@@ -558,16 +592,16 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
-    const void* before[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
+    const void* before[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
                             hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
-    DH_CUDA_CHECK(dstage_.Reserve(stage_bytes));
+    for (DeviceMem& d : dstages_) DH_CUDA_CHECK(d.Reserve(stage_bytes));
     DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
     DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
     for (int i = 0; i < kHostPayloads; ++i) DH_CUDA_CHECK(hpayloads_[i].Reserve(payload_bytes));
     DH_CUDA_CHECK(escratch_.Reserve(
         std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
-    const void* after[] = {stage_.p, dstage_.p, y_.p, payload_.p, escratch_.p,
+    const void* after[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
     if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
@@ -579,6 +613,7 @@ class CudaBackend : public ComputeBackend {
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // a captured step's timing branch (cuda_timing_off_path)
+  cudaStream_t upload_ = nullptr;  // uploads of steps launched behind another (cuda_upload_aside)
   cudaEvent_t forks_[4] = {};    // that branch's three forks and its join
   cublasHandle_t cublas_ = nullptr;
   ShardGeometry geo_;
@@ -586,19 +621,30 @@ class CudaBackend : public ComputeBackend {
   bool fast_path_ = true;
   DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
-  DeviceMem dstage_, y_, payload_, dscratch_, escratch_;
+  DeviceMem dstages_[2];  // a step's rows and descriptors on the device: one a step in flight, in turn
+  DeviceMem y_, payload_, dscratch_, escratch_;
   PinnedMem stage_;
   BufferRing<PinnedMem, kHostPayloads> hpayloads_;  // host results in turn (Launch)
   BufferRing<PinnedMem, 2> hscratches_;
   std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)
-  // Each slot's: before H2D, after H2D, GEMV, epilogue, D2H.
-  cudaEvent_t events_[kHostPayloads][5] = {};
+  // Each slot's: before H2D, after H2D, GEMV, epilogue, D2H, and the GEMV's start when the upload
+  // went aside (on upload_, so that after H2D is not on stream_).
+  static constexpr int kGemvStart = 5;
+  cudaEvent_t events_[kHostPayloads][6] = {};
   std::deque<Launched> launched_;  // in launch order; at most two
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
-  // server sees few shapes (row counts x mode mixes, x 3 slots), and beyond
+  // server sees few shapes (row counts x mode mixes, x 3 slots x 2 buffers), and beyond
   // kMaxGraphs steps run eagerly.
   static constexpr size_t kMaxGraphs = 768;
-  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  // (rows | epilogue launches << 16 | slot << 24 | buffer << 26 | direct payload << 27 | x on the
+  // device << 28 | upload aside << 29, bytes copied back)
+  using GraphKey = std::pair<uint64_t, uint64_t>;
+  struct GraphKeyHash {
+    size_t operator()(const GraphKey& k) const {
+      return std::hash<uint64_t>()(k.first) ^ (std::hash<uint64_t>()(k.second) * 0x9e3779b97f4a7c15ull);
+    }
+  };
+  std::unordered_map<GraphKey, cudaGraphExec_t, GraphKeyHash> graphs_;
   bool timing_warned_ = false;
   int reserved_rows_ = 0;   // the rows every work buffer holds (ReserveWork)
   unsigned record_flags_ = cudaEventRecordDefault;  // cudaEventRecordExternal while capturing
