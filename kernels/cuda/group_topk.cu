@@ -38,11 +38,13 @@ __device__ __forceinline__ uint32_t FloatOrder(float f) {
 }
 
 // GPW groups a warp, their loads issued before any is used. Per group, warp-wide: the max of v / T
-// (redux on its order, then the first lane holding it: its columns come first), the largest key
-// (redux on the high word, then on the low word among the lanes holding it), and the sum of exps
-// relative to the max in fp32, pairwise: (t0 + t1) + (t2 + t3) a lane, then a butterfly whose
-// every lane adds the same pairs (a + b == b + a), so the sum is one fixed tree of 7 levels: its
-// rounding error < 7 x 2^-24 of the sum (the row adds the groups in double).
+// (each lane's by fp32 compares, first of equals; then redux on its order and the first lane
+// holding it: its columns come first), the largest key (each lane's from its best OrderKey, first
+// of equals, then redux on the high word and on the low word among the lanes holding it), and the
+// sum of exps relative to the max in fp32, pairwise: (t0 + t1) + (t2 + t3) a lane, then a
+// butterfly whose every lane adds the same pairs (a + b == b + a), so the sum is one fixed tree of
+// 7 levels: its rounding error < 7 x 2^-24 of the sum (the row adds the groups in double).
+// The per-column work is compares and one expf; keys and orders are made once a lane.
 template <int GPW>
 __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restrict__ y, int64_t ldy,
                                                             int64_t n_valid, int32_t id_base,
@@ -65,39 +67,42 @@ __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restr
     const int64_t g = g0 + i;
     if (g >= ng) break;  // warp-uniform
     const int64_t c = g * kGroupCols + lane * 4;
+    const int nv = static_cast<int>(n_valid - c < 0 ? 0 : (n_valid - c > 4 ? 4 : n_valid - c));
     float s[4];
-    uint32_t mo = 0, khi = 0, klo = 0;
-    float mv = kNegInf;  // the lane's first column holding its max order
-    bool nan = false;
+    float mv = kNegInf;   // the lane's max of v / T, first of equals (NaN never wins)
+    float kv = kNegInf;   // the lane's best OrderKey (NaN as -inf), first of equals: column kc
+    int kc = 0;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       s[u] = Scaled(v[i][u], T);
-      if (c + u < n_valid) {
-        const uint32_t o = FloatOrder(s[u]);
-        if (o > mo) mo = o, mv = s[u];
-        const uint64_t key = TopKKey(v[i][u], static_cast<uint32_t>(id_base + c + u));
-        const uint32_t hi = static_cast<uint32_t>(key >> 32), lo = static_cast<uint32_t>(key);
-        if (hi > khi || (hi == khi && lo > klo)) khi = hi, klo = lo;
-        nan |= v[i][u] != v[i][u];
+      if (u < nv) {
+        if (s[u] > mv) mv = s[u];
+        const float o = OrderKey(v[i][u]);
+        if (u == 0 || o > kv) kv = o, kc = u;
       }
     }
+    const uint32_t mo = nv > 0 ? FloatOrder(mv) : 0u;
+    const uint64_t lkey = nv > 0 ? TopKKey(kv, static_cast<uint32_t>(id_base + c + kc)) : 0u;
+    const uint32_t khi = static_cast<uint32_t>(lkey >> 32), klo = static_cast<uint32_t>(lkey);
     const uint32_t gmo = __reduce_max_sync(0xffffffffu, mo);
     const uint32_t first = __ffs(__ballot_sync(0xffffffffu, mo == gmo)) - 1;
-    const float m = gmo == 0 ? kNegInf : __shfl_sync(0xffffffffu, mv, first);
+    const float m = __shfl_sync(0xffffffffu, mv, first);
     const uint32_t ghi = __reduce_max_sync(0xffffffffu, khi);
     const uint32_t glo = __reduce_max_sync(0xffffffffu, khi == ghi ? klo : 0u);
-    const bool any_nan = __any_sync(0xffffffffu, nan);
     double sum;
     if (isfinite(m)) {
       float t[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) t[u] = c + u < n_valid ? SumTerm(s[u], m) : 0.f;
+      for (int u = 0; u < 4; ++u) t[u] = u < nv ? SumTerm(s[u], m) : 0.f;
       float own = (t[0] + t[1]) + (t[2] + t[3]);
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) own += __shfl_xor_sync(0xffffffffu, own, off);
       sum = static_cast<double>(own);
     } else {
-      sum = any_nan ? __longlong_as_double(0x7ff8000000000000ll) : 0.0;
+      bool nan = false;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) nan |= u < nv && v[i][u] != v[i][u];
+      sum = __any_sync(0xffffffffu, nan) ? __longlong_as_double(0x7ff8000000000000ll) : 0.0;
     }
     if (lane == 0) recs[g] = GroupRec{(static_cast<uint64_t>(ghi) << 32) | glo, sum, m, 0u};
   }
