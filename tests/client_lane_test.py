@@ -234,7 +234,7 @@ class ClientLaneTest(RealServerTestCase):
         with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
             ln = head.lane()
             lib, h = ln._lib, ln._h
-            self.assertEqual(lib.dh_lane_abi_version(), 3)
+            self.assertEqual(lib.dh_lane_abi_version(), 4)
             msg = ctypes.create_string_buffer(512)
             depth = lib.dh_lane_depth(h)
             seqs = []
@@ -271,6 +271,8 @@ class ClientLaneTest(RealServerTestCase):
             self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, None, 0, msg, len(msg)), -9)
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
+            self.assertEqual(lib.dh_lane_cuda_copy_kernel(h, -1, msg, len(msg)), 0)  # not attached: off, and why
+            self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on
 
     def _load_over_the_lane(self, concurrency, requests):

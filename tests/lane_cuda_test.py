@@ -2,7 +2,9 @@
 started with --lanes and --shared-memory=system,cuda (DRAFTHEAD_TARGET, or one it starts itself from
 DRAFTHEAD_BIN_DIR), every mode over the lane's CUDA arenas -- waiting on the host (wait=True) and
 stream-ordered (wait=False, then synchronize) -- equals lane="off" (gRPC, host copies) bit for bit;
-rows produced by a slow kernel just before the call are read only after it (the fence); an error
+rows produced by a slow kernel just before the call are read only after it (the fence); the
+library's copy kernel (rows and fence in one launch, the answer and consumed word in another) and its
+libcuda copies give the same answers, in turns; an error
 raises at once with wait=True and at synchronize() with wait=False. REPEAT (default 50) rounds of
 random inputs, as GPU tests run here: a flaky answer is a race until shown otherwise."""
 
@@ -63,9 +65,21 @@ class LaneCudaTest(unittest.TestCase):
         self.assertEqual(a.dtype, b.dtype)
         self.assertTrue(torch.equal(a.cpu(), b.cpu()), "lane and gRPC answers differ")
 
+    def copy_kernel(self, on):
+        """The lane's copy kernel on or off (it must have loaded: the library here is built with CUDA)."""
+        used, why = self.lane.lane().copy_kernel(on)
+        self.assertEqual(used, on, why)
+
+    def test_the_copy_kernel_is_loaded(self):
+        used, why = self.lane.lane().copy_kernel()
+        self.assertTrue(used, why)
+        self.assertEqual(why, "")
+
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
+        self.addCleanup(self.copy_kernel, True)
         for i in range(REPEAT):
+            self.copy_kernel(i % 4 < 2)  # every mode, size and wait both ways with and without it
             rows = [1, 5, 16, 64, 70][i % 5]  # 70 > max_rows: two calls
             dtype = torch.bfloat16 if i % 3 else torch.float32
             x = torch.randn(rows, self.K, device="cuda", generator=g).to(dtype)
@@ -133,7 +147,9 @@ class LaneCudaTest(unittest.TestCase):
         # answer's copy-out: the lane's consumed words).
         depth = self.lane.lane()._depth
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        self.addCleanup(self.copy_kernel, True)
         for i in range(REPEAT):
+            self.copy_kernel(i % 2 == 0)
             xs = [torch.randn(1 + j % 7, self.K, device="cuda").to(torch.bfloat16) for j in range(3 * depth)]
             torch.cuda.synchronize()
             got = []
@@ -152,7 +168,9 @@ class LaneCudaTest(unittest.TestCase):
     def test_rows_written_just_before_the_call_are_fenced(self):
         # The rows come out of work still queued on the stream when the call is made: the server
         # must wait for the stream's fence, not read stale rows.
+        self.addCleanup(self.copy_kernel, True)
         for i in range(REPEAT):
+            self.copy_kernel(i % 4 < 2)
             x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
             want = self.grpc.topk(x, 4)
             torch.cuda.synchronize()

@@ -10,7 +10,8 @@ Also the host time per call in the stream-ordered mode (wait=False, no synchroni
 window), with fresh answer tensors and with the caller's own (out=, filled by the lane's C call). Prints Markdown. --profile=N: then N stream-ordered M=5 TOP_K calls under cProfile (a
 synchronise every 8 calls), the 20 largest self times: where the host time of a call goes.
 --pieces=N: the host time of each piece of a stream-ordered M=5 TOP_K call alone (the torch ops the
-client makes, the libcuda calls its library makes, via ctypes), N calls each, beside the whole call:
+client makes, the libcuda calls its library makes, via ctypes), N calls each, beside the whole call
+(with the library's copy kernel and without: Lane.copy_kernel):
 what the 30 us budget a call is spent on, without a profiler's overhead.
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
@@ -231,10 +232,18 @@ def pieces(head, K, dev, n):
         ("cuStreamWaitValue32, already met (ctypes)",
          lambda: cu.cuStreamWaitValue32_v2(stream, word.data_ptr(), 0, 0)),
     ]
+    on, why = lane.copy_kernel()
     print(f"\n| piece of a stream-ordered M=5 TOP_K call ({n} calls) | host us |")
     print("| --- | --- |")
     for i, (label, fn) in enumerate(rows):
-        print(f"| {label} | {each(fn, i < 3):.1f} |", flush=True)
+        print(f"| {label}{', copy kernel' if on and i < 3 else ''} | {each(fn, i < 3):.1f} |", flush=True)
+    if on:  # the whole calls again with libcuda copies (the library's path without its copy kernel)
+        lane.copy_kernel(False)
+        for label, fn in rows[:3]:
+            print(f"| {label}, libcuda copies | {each(fn, True):.1f} |", flush=True)
+        lane.copy_kernel(True)
+    else:
+        print(f"| (the copy kernel is not in use: {why}) | |")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,21 @@
 
 #include "client/lane/lane_cuda.h"
 
+#include "client/lane/lane_copy.h"
+
+#ifdef DRAFTHEAD_LANE_COPY_PTX
+extern const char dh_lane_copy_ptx[];  // lane_copy.cu as PTX (client/CMakeLists.txt)
+#endif
+
 namespace drafthead::lane {
 namespace {
 
 using CUresult = int;
 using CUdeviceptr = unsigned long long;
 using CUstream = void*;
+using CUcontext = void*;
+using CUmodule = void*;
+using CUfunction = void*;
 constexpr unsigned kHostRegisterPortable = 0x01, kHostRegisterDeviceMap = 0x02;
 constexpr unsigned kWaitValueGeq = 0x0, kWaitValueEq = 0x1;
 
@@ -33,6 +42,13 @@ struct CudaApi {
   CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned) = nullptr;
   CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+  // The copy kernel's (optional: without them the library makes libcuda copies).
+  CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*ModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*ModuleUnload)(CUmodule) = nullptr;
+  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void**, void**) = nullptr;
   std::string error;
 };
 
@@ -59,6 +75,10 @@ const CudaApi& Api() {
                     Find(lib, &a.MemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"}) &&
                     Find(lib, &a.GetErrorString, {"cuGetErrorString"});
     if (!ok) a.error = "libcuda.so.1 lacks the stream memory operations (cuStreamWaitValue32)";
+    if (!(Find(lib, &a.CtxGetCurrent, {"cuCtxGetCurrent"}) && Find(lib, &a.ModuleLoadData, {"cuModuleLoadData"}) &&
+          Find(lib, &a.ModuleGetFunction, {"cuModuleGetFunction"}) && Find(lib, &a.ModuleUnload, {"cuModuleUnload"}) &&
+          Find(lib, &a.LaunchKernel, {"cuLaunchKernel"})))
+      a.LaunchKernel = nullptr;
     return a;
   }();
   return api;
@@ -78,6 +98,51 @@ LaneCuda::~LaneCuda() {
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
   if (consumed_registered_) Api().MemHostUnregister(consumed_);
   std::free(consumed_);
+  if (module_ != nullptr) Api().ModuleUnload(module_);
+}
+
+void LaneCuda::LoadCopyKernel() {
+#ifdef DRAFTHEAD_LANE_COPY_PTX
+  const CudaApi& api = Api();
+  if (api.LaunchKernel == nullptr) {
+    copy_kernel_error_ = "libcuda.so.1 lacks the module entry points (cuModuleLoadData, cuLaunchKernel)";
+    return;
+  }
+  CUresult r = api.CtxGetCurrent(&context_);
+  if (r != 0 || context_ == nullptr) {
+    copy_kernel_error_ = "no current CUDA context at attach";
+    return;
+  }
+  r = api.ModuleLoadData(&module_, dh_lane_copy_ptx);
+  if (r == 0) r = api.ModuleGetFunction(&copy_fn_, module_, "dh_lane_copy");
+  if (r != 0) {
+    copy_kernel_error_ = CudaFailed("loading the copy kernel's PTX (cuModuleLoadData)", r).message;
+    copy_fn_ = nullptr;
+    return;
+  }
+  use_copy_kernel_ = true;
+#else
+  copy_kernel_error_ = "the lane library was built without a CUDA compiler (no copy kernel in it)";
+#endif
+}
+
+bool LaneCuda::SetCopyKernel(int use, std::string* why) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (use >= 0) use_copy_kernel_ = use > 0 && copy_fn_ != nullptr;
+  if (why != nullptr) *why = copy_fn_ != nullptr ? std::string() : copy_kernel_error_;
+  return use_copy_kernel_;
+}
+
+int LaneCuda::LaunchCopy(const LaneCopyArgs& args, void* stream) {
+  LaneCopyArgs a = args;
+  void* params[] = {&a};
+  return Api().LaunchKernel(copy_fn_, 1, 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr);
+}
+
+bool LaneCuda::CopyKernelUsable(uint64_t bytes) const {
+  if (!use_copy_kernel_ || bytes > kKernelCopyMax) return false;
+  CUcontext current = nullptr;  // the module is the attach context's: launches only from it
+  return Api().CtxGetCurrent(&current) == 0 && current == context_;
 }
 
 LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t output_arena) {
@@ -106,6 +171,7 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   consumed_device_ = d;
   slot_stream_.assign(ring->depth(), nullptr);
   slot_consumed_.assign(ring->depth(), 0);
+  LoadCopyKernel();  // optional: without it, libcuda copies
   // A stream waiting on an answer the server will never write would hang: once the server is
   // gone, answer what is outstanding here (UNAVAILABLE), which releases such streams.
   watchdog_ = std::thread([this] {
@@ -169,17 +235,30 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       return CudaFailed("cuStreamWaitValue32 (the slot's previous copy-out)", cr);
     }
   }
-  cr = api.MemcpyDtoDAsync(hidden_arena_ + slot * ring_->config().hidden_slot_bytes, hidden, hidden_bytes,
-                                    stream);
-  if (cr != 0) {
-    ring_->Cancel(n);
-    return CudaFailed("cuMemcpyDtoDAsync (the rows into the lane's arena)", cr);
-  }
-  // The fence after the copy, on the same stream: the server reads the rows once it sees it.
-  cr = api.StreamWriteValue32(stream, device_base_ + ring_->fence_offset(n), static_cast<uint32_t>(n + 1), 0);
-  if (cr != 0) {
-    ring_->Cancel(n);
-    return CudaFailed("cuStreamWriteValue32 (the fence)", cr);
+  const uint64_t hidden_dst = hidden_arena_ + slot * ring_->config().hidden_slot_bytes;
+  const uint64_t fence = device_base_ + ring_->fence_offset(n);
+  if (CopyKernelUsable(hidden_bytes)) {
+    // One launch: the rows, then the fence word after them.
+    LaneCopyArgs a{};
+    a.src[0] = hidden, a.dst[0] = hidden_dst, a.bytes[0] = hidden_bytes, a.n = 1;
+    a.word = fence, a.value = static_cast<uint32_t>(n + 1);
+    cr = LaunchCopy(a, stream);
+    if (cr != 0) {
+      ring_->Cancel(n);
+      return CudaFailed("cuLaunchKernel (the rows into the lane's arena and the fence)", cr);
+    }
+  } else {
+    cr = api.MemcpyDtoDAsync(hidden_dst, hidden, hidden_bytes, stream);
+    if (cr != 0) {
+      ring_->Cancel(n);
+      return CudaFailed("cuMemcpyDtoDAsync (the rows into the lane's arena)", cr);
+    }
+    // The fence after the copy, on the same stream: the server reads the rows once it sees it.
+    cr = api.StreamWriteValue32(stream, fence, static_cast<uint32_t>(n + 1), 0);
+    if (cr != 0) {
+      ring_->Cancel(n);
+      return CudaFailed("cuStreamWriteValue32 (the fence)", cr);
+    }
   }
   ring_->PublishInSlot(n, r);
   pending_.push_back(n);  // published: its answer is released by a later Settle, whatever happens now
@@ -188,11 +267,22 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   if (cr != 0) return CudaFailed("cuStreamWaitValue32 (the answer)", cr);
   slot_stream_[slot] = stream;
   slot_consumed_[slot] = 0;  // unknown until the copies below are enqueued (none: the caller's own)
-  for (uint32_t i = 0; i < n_merged; ++i) {
-    cr = api.MemcpyDtoDAsync(merged[i].dst, output_arena_ + slot * area + merged[i].offset, merged[i].bytes, stream);
-    if (cr != 0) return CudaFailed("cuMemcpyDtoDAsync (the answer out of the lane's arena)", cr);
-  }
-  if (n_merged > 0) {
+  uint64_t out_bytes = 0;
+  for (uint32_t i = 0; i < n_merged; ++i) out_bytes += merged[i].bytes;
+  if (n_merged > 0 && n_merged <= kLaneCopyPieces && CopyKernelUsable(out_bytes)) {
+    // One launch: the pieces, then the consumed word after them.
+    LaneCopyArgs a{};
+    for (uint32_t i = 0; i < n_merged; ++i)
+      a.src[i] = output_arena_ + slot * area + merged[i].offset, a.dst[i] = merged[i].dst, a.bytes[i] = merged[i].bytes;
+    a.n = n_merged, a.word = consumed, a.value = static_cast<uint32_t>(n + 1);
+    cr = LaunchCopy(a, stream);
+    if (cr != 0) return CudaFailed("cuLaunchKernel (the answer out of the lane's arena and the consumed word)", cr);
+    slot_consumed_[slot] = n + 1;
+  } else if (n_merged > 0) {
+    for (uint32_t i = 0; i < n_merged; ++i) {
+      cr = api.MemcpyDtoDAsync(merged[i].dst, output_arena_ + slot * area + merged[i].offset, merged[i].bytes, stream);
+      if (cr != 0) return CudaFailed("cuMemcpyDtoDAsync (the answer out of the lane's arena)", cr);
+    }
     cr = api.StreamWriteValue32(stream, consumed, static_cast<uint32_t>(n + 1), 0);
     if (cr != 0) return CudaFailed("cuStreamWriteValue32 (the answer's consumed word)", cr);
     slot_consumed_[slot] = n + 1;

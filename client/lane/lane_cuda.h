@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "client/lane/lane_copy.h"
 #include "client/lane/lane_ring.h"
 
 namespace drafthead::lane {
@@ -54,11 +56,23 @@ class LaneCuda {
   // Waits on the host for every stream-ordered call's answer; the first failure among them.
   LaneError Synchronize(int64_t deadline_ns);
 
+  // The copy kernel (lane_copy.cu; loaded at Attach where the library has it and the driver takes
+  // it): a call's rows and its fence word in one launch, its answer's pieces and the consumed word
+  // in another, instead of a libcuda copy and a stream write each (up to kKernelCopyMax bytes, and
+  // from the context current at Attach; otherwise the libcuda calls). use > 0: on where loaded,
+  // 0: off, < 0: unchanged. Returns whether it is in use; *why: why it is not loaded ("" if it is).
+  bool SetCopyKernel(int use, std::string* why);
+  static constexpr uint64_t kKernelCopyMax = 256 * 1024;
+
  private:
   // Releases the answered calls, oldest first, keeping the first failure in deferred_; blocks for
   // each one up to `through` (UINT64_MAX: none). A wait that fails drops its call (abandoned).
   LaneError Settle(uint64_t through, int64_t deadline_ns);
   LaneError TakeDeferred();
+  void LoadCopyKernel();
+  bool CopyKernelUsable(uint64_t bytes) const;
+  int LaunchCopy(const LaneCopyArgs& args, void* stream);  // a CUresult
+  static constexpr unsigned kCopyThreads = 512;  // the kernel's one CTA
 
   LaneRing* ring_ = nullptr;
   void* registered_ = nullptr;
@@ -76,6 +90,11 @@ class LaneCuda {
   std::mutex mu_;
   std::deque<uint64_t> pending_;  // submitted, answer not yet seen by the host (oldest first)
   LaneError deferred_;            // the first failure among them, returned by the next call
+  void* context_ = nullptr;   // the CUcontext current at Attach (the module's)
+  void* module_ = nullptr;    // CUmodule of the copy kernel; nullptr: not loaded
+  void* copy_fn_ = nullptr;   // its CUfunction
+  bool use_copy_kernel_ = false;  // guarded by mu_ after Attach
+  std::string copy_kernel_error_;  // why it is not loaded
   std::atomic<bool> stop_{false};
   std::thread watchdog_;
 };

@@ -30,7 +30,7 @@ _NO_REGION = 0xFFFFFFFF
 _FLAG_PROBS, _FLAG_FENCE, _FLAG_IDS64 = 1, 2, 4
 _DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
 _LAYOUT_VERSION = 1
-_ABI_VERSION = 3  # DH_LANE_ABI_VERSION (lane_c_api.h)
+_ABI_VERSION = 4  # DH_LANE_ABI_VERSION (lane_c_api.h)
 _NO_SLICE = (_NO_REGION, 0, 0)
 
 _TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
@@ -112,6 +112,7 @@ def load_library() -> ctypes.CDLL:
     lib.dh_lane_call_stream.argtypes = [c.c_void_p, c.c_char_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_int,
                                         c.c_int64, c.c_void_p, c.c_uint32, c.c_char_p, c.c_size_t]
     lib.dh_lane_stream_synchronize.argtypes = [c.c_void_p, c.c_int64, c.c_char_p, c.c_size_t]
+    lib.dh_lane_cuda_copy_kernel.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
     if lib.dh_lane_layout_version() != _LAYOUT_VERSION:
         raise LaneUnavailable("FAILED_PRECONDITION", "libdrafthead_lane.so speaks another layout version")
     _lib = lib
@@ -255,6 +256,17 @@ class Lane:
     def cuda(self) -> bool:
         """Whether torch CUDA tensors travel this lane on their GPU (call_cuda)."""
         return self._cuda_hidden is not None
+
+    def copy_kernel(self, use: Optional[bool] = None) -> "tuple[bool, str]":
+        """The library's copy kernel for call_cuda (a call's rows and fence in one launch, its answer
+        and consumed word in another, instead of two libcuda calls each; on by default where it
+        loaded): use=True / False turns it on / off, None asks. Returns (in use, why it is not
+        loaded: "" when it is)."""
+        if self._h is None or not self.cuda:
+            return False, "no CUDA arenas on this lane"
+        msg = self._msg()
+        on = self._lib.dh_lane_cuda_copy_kernel(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
+        return bool(on), msg.value.decode(errors="replace")
 
     def close(self) -> None:
         """CloseLane (bounded, best effort: the server also frees a lane whose caller exits)."""
