@@ -120,7 +120,8 @@ void LaneCuda::LoadCopyKernel() {
     copy_fn_ = nullptr;
     return;
   }
-  use_copy_kernel_ = true;
+  // Loaded, but off until turned on (SetCopyKernel): it has not yet run on a GPU (docs/NOTES.md,
+  // session 17); then it becomes the default.
 #else
   copy_kernel_error_ = "the lane library was built without a CUDA compiler (no copy kernel in it)";
 #endif
