@@ -21,7 +21,7 @@ absl::Status Bad(const std::string& field, const std::string& why) {
 // scalar loop that returned at the first bad value cost ~30 us for 5 x 5120 values on the H200
 // host, the portable block loop 12.5 us here, AVX-512 ~2 us).
 absl::Status DecodeHidden(const char* src, size_t elems, size_t esize, int64_t hidden,
-                          const std::string& field, std::vector<uint16_t>* x) {
+                          const std::string& field, HiddenRows* x) {
   x->resize(elems);
   auto where = [&](size_t i) { return absl::StrCat(" at row ", i / hidden, ", column ", i % hidden); };
   if (esize == 2) {
@@ -40,7 +40,7 @@ absl::Status DecodeHidden(const char* src, size_t elems, size_t esize, int64_t h
 // The hidden rows from hidden_region: the slice must hold exactly rows x hidden_size x esize.
 absl::Status ReadHiddenRegion(const v1::RegionSlice& slice, const regions::RegionRegistry& regions,
                               size_t elems, size_t esize, int64_t hidden,
-                              std::vector<uint16_t>* x) {
+                              HiddenRows* x) {
   const size_t want = elems * esize;
   if (slice.byte_size() != want)
     return Bad("hidden_region", absl::StrCat("byte_size ", slice.byte_size(),
