@@ -15,14 +15,15 @@ namespace drafthead::cuda::detail {
 // ShardEpilogue with the split path's columns per CTA forced, for the comparisons in
 // kernels/cuda/experimental/ (bench and tests): 0 picks by shape (ShardEpilogue), -1 turns the
 // split path off (every row on the one-CTA-a-row kernels), 512..4096 a fixed chunk (raised where
-// the row would need more than the split path's chunk limit; off past 4096). group_topk: TOP_K
-// k <= kGroupTopK on the group family where the split path is on (ShardEpilogue: true); false
-// leaves them to the split path.
+// the row would need more than the split path's chunk limit; off past 4096). group_topk: 1, TOP_K
+// k <= kGroupTopK on the group family where the split path is on (ShardEpilogue); 2, the same
+// with the group family's merge fused into its scan (LaunchGroupTopK's fused); 0 leaves them to
+// the split path.
 cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_shard,
                                         int64_t n_valid, int32_t id_base,
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
                                         const ReduceRow* rows_host, int split_chunk,
-                                        bool group_topk);
+                                        int group_topk);
 
 }  // namespace drafthead::cuda::detail
