@@ -270,7 +270,8 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   slot_consumed_[slot] = 0;  // unknown until the copies below are enqueued (none: the caller's own)
   uint64_t out_bytes = 0;
   for (uint32_t i = 0; i < n_merged; ++i) out_bytes += merged[i].bytes;
-  if (n_merged > 0 && n_merged <= kLaneCopyPieces && CopyKernelUsable(out_bytes)) {
+  static_assert(kMaxCopies <= kLaneCopyPieces, "the copy kernel takes every merged piece");
+  if (n_merged > 0 && CopyKernelUsable(out_bytes)) {
     // One launch: the pieces, then the consumed word after them.
     LaneCopyArgs a{};
     for (uint32_t i = 0; i < n_merged; ++i)

@@ -15,12 +15,6 @@ namespace drafthead::cuda::epilogue {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// The softmax partial's pieces (kernels/cpu/shard_reduce.cc computes the sum in double): v / T in
-// fp32, with no division when T == 1 (which gives v exactly), and one term exp(v / T - max) of the
-// sum in fp32: the difference rounds once, so a term's relative error stays below
-// |v / T - max| x 2^-24 plus expf's 2 ulp (< 1e-6 for every term that moves the sum; the partial
-// is stored as a float anyway). Callers add the terms in double. A double-precision exp a column
-// (dozens of half-rate DP instructions) was most of the TOP_K epilogue's instructions.
 // Four columns [j, j + 4) of a row of len (16-byte aligned at j): one float4 load where all four
 // are in the row, else one by one with 0 past its end.
 template <typename Index>
@@ -34,6 +28,12 @@ __device__ __forceinline__ void LoadFour(const float* __restrict__ src, Index j,
   }
 }
 
+// The softmax partial's pieces (kernels/cpu/shard_reduce.cc computes the sum in double): v / T in
+// fp32, with no division when T == 1 (which gives v exactly), and one term exp(v / T - max) of the
+// sum in fp32: the difference rounds once, so a term's relative error stays below
+// |v / T - max| x 2^-24 plus expf's 2 ulp (< 1e-6 for every term that moves the sum; the partial
+// is stored as a float anyway). Callers add the terms in double. A double-precision exp a column
+// (dozens of half-rate DP instructions) was most of the TOP_K epilogue's instructions.
 __device__ __forceinline__ float Scaled(float v, float T) { return T == 1.f ? v : v / T; }
 __device__ __forceinline__ float SumTerm(float scaled, float max_scaled) { return expf(scaled - max_scaled); }
 

@@ -106,7 +106,8 @@ cudaError_t ShardEpilogue(const float* y, int64_t ldy, int64_t n_shard, int64_t 
                           void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           const ReduceRow* rows_host) {
   return detail::ShardEpilogueWithSplitChunk(y, ldy, n_shard, n_valid, id_base, rows_dev, nrows,
-                                             payload, scratch, scratch_bytes, stream, rows_host, 0, 1);
+                                             payload, scratch, scratch_bytes, stream, rows_host, 0,
+                                             detail::GroupTopK::kOn);
 }
 
 namespace detail {
@@ -116,7 +117,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
                                         const ReduceRow* rows_dev, int nrows, uint8_t* payload,
                                         void* scratch, size_t scratch_bytes, cudaStream_t stream,
                                         const ReduceRow* rows_host, int split_chunk,
-                                        int group_topk) {
+                                        GroupTopK group_topk) {
   if (nrows <= 0) return cudaSuccess;
   if (ldy % 4 != 0 || n_valid > n_shard || n_valid < 0 || n_shard < 1 || ldy < n_shard ||
       (reinterpret_cast<uintptr_t>(y) & 15u) != 0 || nrows > 65535)
@@ -124,7 +125,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   if (scratch == nullptr || scratch_bytes < EpilogueScratchBytes(n_valid, nrows))
     return cudaErrorInvalidValue;
   const int chunk = split_chunk < 0 ? 0 : epilogue::SplitChunk(n_valid, split_chunk);
-  const bool group = GroupServes(n_valid, chunk, group_topk != 0);
+  const bool group = GroupServes(n_valid, chunk, group_topk != GroupTopK::kOff);
   const uint32_t launches = Launches(chunk, group, rows_host, nrows);
   const bool any_full = launches & kLaunchFull, any_split = launches & kLaunchSplit,
              any_best_old = launches & kLaunchBestPerRow, any_large = launches & kLaunchTopKSelect,
@@ -147,7 +148,8 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   if (!any_group) return cudaSuccess;
   const size_t off = GroupScratchOffset(n_valid, nrows);
   return epilogue::LaunchGroupTopK(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
-                                   seg_scratch + off, scratch_bytes - off, stream, group_topk == 2);
+                                   seg_scratch + off, scratch_bytes - off, stream,
+                                   group_topk == GroupTopK::kFused);
 }
 
 }  // namespace detail
