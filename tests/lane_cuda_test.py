@@ -70,15 +70,14 @@ class LaneCudaTest(unittest.TestCase):
         used, why = self.lane.lane().copy_kernel(on)
         self.assertEqual(used, on, why)
 
-    def test_the_copy_kernel_is_loaded(self):
-        self.addCleanup(self.copy_kernel, False)
-        used, why = self.lane.lane().copy_kernel(True)
+    def test_the_copy_kernel_is_loaded_and_on(self):
+        used, why = self.lane.lane().copy_kernel()  # asks: on by default wherever it loaded
         self.assertTrue(used, why)
         self.assertEqual(why, "")
 
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
-        self.addCleanup(self.copy_kernel, False)
+        self.addCleanup(self.copy_kernel, True)  # the default
         for i in range(REPEAT):
             self.copy_kernel(i % 4 < 2)  # every mode, size and wait both ways with and without it
             rows = [1, 5, 16, 64, 70][i % 5]  # 70 > max_rows: two calls
@@ -148,7 +147,7 @@ class LaneCudaTest(unittest.TestCase):
         # answer's copy-out: the lane's consumed words).
         depth = self.lane.lane()._depth
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-        self.addCleanup(self.copy_kernel, False)
+        self.addCleanup(self.copy_kernel, True)  # the default
         for i in range(REPEAT):
             self.copy_kernel(i % 2 == 0)
             xs = [torch.randn(1 + j % 7, self.K, device="cuda").to(torch.bfloat16) for j in range(3 * depth)]
@@ -169,7 +168,7 @@ class LaneCudaTest(unittest.TestCase):
     def test_rows_written_just_before_the_call_are_fenced(self):
         # The rows come out of work still queued on the stream when the call is made: the server
         # must wait for the stream's fence, not read stale rows.
-        self.addCleanup(self.copy_kernel, False)
+        self.addCleanup(self.copy_kernel, True)  # the default
         for i in range(REPEAT):
             self.copy_kernel(i % 4 < 2)
             x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)

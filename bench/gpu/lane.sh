@@ -113,7 +113,7 @@ run_set() {  # TITLE
     fi
     if want pieces; then
       echo
-      timeout 120 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --pieces=${PIECES:-6400} 2>&1 | tail -18
+      timeout 120 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --pieces=${PIECES:-6400} 2>&1 | tail -20
       stamp "pieces $1"
     fi
     unserve

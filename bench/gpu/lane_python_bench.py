@@ -186,12 +186,12 @@ def pieces(head, K, dev, n):
     dst = torch.empty_like(x)
     stream = torch.cuda.current_stream(dev).cuda_stream
 
-    def each(fn, call):
+    def each(fn, call, calls=n):
         """A lane call: each timed alone, synchronised after it outside the timing (64 without a
         wait would overrun the lane's depth and wait for the GPU); a piece: 64-call batches."""
         if call:
             lat = []
-            for _ in range(n):
+            for _ in range(calls):
                 t0 = time.perf_counter()
                 fn()
                 lat.append((time.perf_counter() - t0) * 1e6)
@@ -232,17 +232,31 @@ def pieces(head, K, dev, n):
         ("cuStreamWaitValue32, already met (ctypes)",
          lambda: cu.cuStreamWaitValue32_v2(stream, word.data_ptr(), 0, 0)),
     ]
-    on, why = lane.copy_kernel(True)  # off by default until measured: on for the table, off again after
-    print(f"\n| piece of a stream-ordered M=5 TOP_K call ({n} calls) | host us |")
-    print("| --- | --- |")
-    for i, (label, fn) in enumerate(rows):
-        print(f"| {label}{', copy kernel' if on and i < 3 else ''} | {each(fn, i < 3):.1f} |", flush=True)
-    if on:  # the whole calls again with libcuda copies (the library's path without its copy kernel)
-        lane.copy_kernel(False)
-        for label, fn in rows[:3]:
-            print(f"| {label}, libcuda copies | {each(fn, True):.1f} |", flush=True)
-    else:
-        print(f"| (the copy kernel is not in use: {why}) | |")
+    # The whole calls with the library's copy kernel and with libcuda copies, alternating in
+    # ROUNDS rounds of n / ROUNDS calls (this VM's host speed drifts within a minute: one block
+    # each way would compare two moments, not two ways), then the pieces alone.
+    on, why = lane.copy_kernel(True)
+    ways = (True, False) if on else (False,)
+    rounds = 4
+    per = {}
+    for _ in range(rounds):
+        for way in ways:
+            lane.copy_kernel(way)
+            for i, (label, fn) in enumerate(rows[:3]):
+                per.setdefault((i, way), []).append(each(fn, True, max(1, n // rounds)))
+    lane.copy_kernel(False)  # the library's default
+    print(f"\n| piece of a stream-ordered M=5 TOP_K call ({n} calls; whole calls: {rounds} alternating rounds) "
+          "| host us (median of the rounds) | the rounds' medians |")
+    print("| --- | --- | --- |")
+    for way in ways:
+        for i, (label, fn) in enumerate(rows[:3]):
+            v = per[(i, way)]
+            print(f"| {label}, {'copy kernel' if way else 'libcuda copies'} | {statistics.median(v):.1f} | "
+                  f"{' '.join(f'{x:.1f}' for x in v)} |", flush=True)
+    if not on:
+        print(f"| (the copy kernel is not in use: {why}) | | |")
+    for label, fn in rows[3:]:
+        print(f"| {label} | {each(fn, False):.1f} | |", flush=True)
 
 
 if __name__ == "__main__":

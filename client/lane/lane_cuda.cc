@@ -120,8 +120,7 @@ void LaneCuda::LoadCopyKernel() {
     copy_fn_ = nullptr;
     return;
   }
-  // Loaded, but off until turned on (SetCopyKernel): it has not yet run on a GPU (docs/NOTES.md,
-  // session 17); then it becomes the default.
+  use_copy_kernel_ = true;  // ~10 us less host time a call (docs/NOTES.md, session 18)
 #else
   copy_kernel_error_ = "the lane library was built without a CUDA compiler (no copy kernel in it)";
 #endif

@@ -94,7 +94,7 @@ class LaneCuda {
   void* context_ = nullptr;   // the CUcontext current at Attach (the module's)
   void* module_ = nullptr;    // CUmodule of the copy kernel; nullptr: not loaded
   void* copy_fn_ = nullptr;   // its CUfunction
-  bool use_copy_kernel_ = false;  // guarded by mu_ after Attach
+  bool use_copy_kernel_ = false;  // on once loaded at Attach; guarded by mu_ after Attach
   std::string copy_kernel_error_;  // why it is not loaded
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

@@ -259,9 +259,9 @@ class Lane:
 
     def copy_kernel(self, use: Optional[bool] = None) -> "tuple[bool, str]":
         """The library's copy kernel for call_cuda (a call's rows and fence in one launch, its answer
-        and consumed word in another, instead of two libcuda calls each; off by default until it
-        has run on a GPU, docs/lane.md): use=True / False turns it on / off, None asks. Returns (in use, why it is not
-        loaded: "" when it is)."""
+        and consumed word in another, instead of two libcuda calls each; on by default wherever it
+        loaded, docs/lane.md): use=True / False turns it on / off, None asks. Returns (in use, why it
+        is not loaded: "" when it is)."""
         if self._h is None or not self.cuda:
             return False, "no CUDA arenas on this lane"
         msg = self._msg()
