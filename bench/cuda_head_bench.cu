@@ -247,11 +247,10 @@ int main(int argc, char** argv) {
     // Columns: round-1 kernels (variant 1, as before); the default dispatch given the host rows
     // (as the backend calls it; TOP_K k <= 16 on the group family); the same without them (every
     // kernel launched); the split path with 512- to 4096-column chunks; the split path with the
-    // default chunk for every row (variant 6: the default before the group family); the default
-    // with the group family's merge fused into its scan (variant 7), GPU time.
+    // default chunk for every row (variant 6: the default before the group family).
     if (epilogue)
-      std::printf("\n| epilogue (M rows) | old us | new us | new, no host rows us | c512 us | c1024 us | c2048 us | c4096 us | old/new | old GPU us | new GPU us | split us | split GPU us | fused GPU us |\n"
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      std::printf("\n| epilogue (M rows) | old us | new us | new, no host rows us | c512 us | c1024 us | c2048 us | c4096 us | old/new | old GPU us | new GPU us | split us | split GPU us |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     uint8_t* pay;
     CK(cudaMalloc(&pay, size_t{64} * N * 4 + 4096));
     drafthead::cuda::ReduceRow* drows;
@@ -337,10 +336,9 @@ int main(int argc, char** argv) {
       };
       const double t_spl = time_epi(6, true);
       const double g_old = gpu_epi(1, false), g_new = gpu_epi(0, true), g_spl = gpu_epi(6, true);
-      const double g_fused = gpu_epi(7, true);
-      std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+      std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f |\n",
                   label, t_old, t_new, t_nh, t_512, t_1k, t_2k, t_4k, t_old / t_new, g_old, g_new, t_spl,
-                  g_spl, g_fused);
+                  g_spl);
       CK(cudaFree(escr));
     }
     CK(cudaFree(pay));

@@ -722,15 +722,15 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
 }
 
 // Every epilogue dispatch: the default (TOP_K k <= 16 on the group family; with and without the
-// host copy of the rows), the round-1 kernels, the split path for every row with 512- to
-// 4096-column chunks or the default chunk (variant 6), and the group family fused (variant 7).
+// host copy of the rows), the round-1 kernels, and the split path for every row with 512- to
+// 4096-column chunks or the default chunk (variant 6).
 void CheckEpilogue(const std::vector<float>& y, int64_t ldy, int64_t n_shard, int64_t n_valid,
                    int32_t id_base, const EpilogueCase& c) {
   const struct {
     int variant;
     bool host_rows;
   } configs[] = {{0, true}, {0, false}, {1, false}, {2, true}, {3, true}, {4, true}, {5, true},
-                 {6, true}, {6, false}, {7, true}, {7, false}};
+                 {6, true}, {6, false}};
   for (const auto& cfg : configs) {
     SCOPED_TRACE(testing::Message() << "epilogue variant " << cfg.variant << " host rows "
                                     << cfg.host_rows << " n_valid " << n_valid);

@@ -5,8 +5,7 @@
 # 1. The epilogue tests once (every dispatch against the CPU; a failure shows before the long steps).
 # 2. The epilogue table at 64 rows on the full vocabulary and a tp=4 shard: the default dispatch
 #    ("new": TOP_K k <= 16 on the group family) beside the split path for every row ("split",
-#    variant 6) and the fused group family (variant 7), GPU us behind a GEMV; prints the top-8
-#    points where the default is slower than split, and where fused beats the default.
+#    variant 6), GPU us behind a GEMV; prints the top-8 points where the default is slower.
 # 3. Only if the tests passed: the epilogue tests and cuda_backend_test REPS times each
 #    (BACKEND=0: the epilogue tests only; the backend's 50 take ~480 s on an H100).
 # NCU=1: ncu (clock control off) on the group family's two kernels at top-8 x64.
@@ -32,9 +31,6 @@ grep -E -A14 "^## N=|epilogue \(M rows\)" "$out/epilogue_table.log" | grep -E "^
 # "new GPU us" is column 12 of a row split at '|', "split GPU us" column 14.
 slower=$(grep "^| top-8" "$out/epilogue_table.log" | awk -F'|' '$12 + 0 > $14 + 0 {n++} END {print n + 0}')
 echo "top-8 points where the default is slower than the split path: $slower" | tee -a "$out/summary.txt"
-# "fused GPU us" (variant 7: the group family's merge in its scan) is column 15.
-fused=$(grep "^| top-8" "$out/epilogue_table.log" | awk -F'|' '$15 + 0 < $12 + 0 {n++} END {print n + 0}')
-echo "top-8 points where the fused group family beats the default: $fused" | tee -a "$out/summary.txt"
 if [[ ${NCU:-0} == 1 ]]; then
   step ncu_group 90 ncu --clock-control none --section SpeedOfLight -k regex:Group -c 2 \
     drafthead-bench-cuda --quick --ns=129280 --ms=64 --iters=3 --epi="top-8 x64"

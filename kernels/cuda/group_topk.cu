@@ -37,13 +37,6 @@ __device__ __forceinline__ uint32_t FloatOrder(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// One row's merge by the whole CTA (GroupMerge's, or GroupScan's last CTA of the row when fused:
-// kFused, the records read through L2, __ldcg, since the row's other CTAs wrote them).
-template <bool kFused>
-__device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_valid, int32_t id_base,
-                         const ReduceRow& r, int64_t row, uint8_t* __restrict__ payload,
-                         const uint8_t* __restrict__ scratch);
-
 // GPW groups a warp, their loads issued before any is used. Per group, warp-wide: the max of v / T
 // (each lane's by fp32 compares, first of equals; then redux on its order and the first lane
 // holding it: its columns come first), the largest key (each lane's from its best OrderKey, first
@@ -52,15 +45,11 @@ __device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_val
 // butterfly whose every lane adds the same pairs (a + b == b + a), so the sum is one fixed tree of
 // 7 levels: its rounding error < 7 x 2^-24 of the sum (the row adds the groups in double).
 // The per-column work is compares and one expf; keys and orders are made once a lane.
-// kFused (experimental variant 7): the row's last CTA to finish then merges the row itself
-// (MergeRow; `counters`: one a row, zero before the launch, left zero), instead of GroupMerge.
-template <int GPW, bool kFused>
+template <int GPW>
 __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restrict__ y, int64_t ldy,
                                                             int64_t n_valid, int32_t id_base,
                                                             const ReduceRow* __restrict__ rows,
-                                                            uint8_t* __restrict__ scratch,
-                                                            uint8_t* __restrict__ payload,
-                                                            uint32_t* __restrict__ counters) {
+                                                            uint8_t* __restrict__ scratch) {
   WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.y];
   if (!GroupRow(r)) return;
@@ -117,21 +106,9 @@ __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restr
     }
     if (lane == 0) recs[g] = GroupRec{(static_cast<uint64_t>(ghi) << 32) | glo, sum, m, 0u};
   }
-  if constexpr (kFused) {
-    __shared__ bool last;
-    __threadfence();  // this CTA's records before its count
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(&counters[blockIdx.y], 1u) + 1 == gridDim.x;
-      if (last) counters[blockIdx.y] = 0;  // every CTA of the row has counted: ready for the next launch
-      __threadfence();
-    }
-    __syncthreads();
-    if (last) MergeRow<true>(y, ldy, n_valid, id_base, r, blockIdx.y, payload, scratch);
-  }
 }
 
-template <bool kFused>
+// One row's merge by the whole CTA (GroupMerge's body).
 __device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_valid, int32_t id_base,
                          const ReduceRow& r, int64_t row, uint8_t* __restrict__ payload,
                          const uint8_t* __restrict__ scratch) {
@@ -158,15 +135,8 @@ __device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_val
 #pragma unroll
   for (int i = 0; i < kMaxGroupsPerThread; ++i) {
     if (i < n_own) {
-      if constexpr (kFused) {
-        const GroupRec* rec = recs + e0 + i;
-        keys[i] = __ldcg(reinterpret_cast<const unsigned long long*>(&rec->key));
-        maxes[i] = __ldcg(&rec->max);
-        sums[i] = __ldcg(&rec->sum);
-      } else {
-        const GroupRec rec = recs[e0 + i];
-        keys[i] = rec.key, maxes[i] = rec.max, sums[i] = rec.sum;
-      }
+      const GroupRec rec = recs[e0 + i];
+      keys[i] = rec.key, maxes[i] = rec.max, sums[i] = rec.sum;
     } else {
       keys[i] = 0, maxes[i] = kNegInf, sums[i] = 0.0;
     }
@@ -235,48 +205,37 @@ __global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __rest
   WaitForPrerequisites();
   const ReduceRow r = rows[blockIdx.x];
   if (!GroupRow(r)) return;
-  MergeRow<false>(y, ldy, n_valid, id_base, r, blockIdx.x, payload, scratch);
+  MergeRow(y, ldy, n_valid, id_base, r, blockIdx.x, payload, scratch);
 }
 
-// The records, then one counter a row (the fused scan's).
-size_t GroupRecordBytes(int64_t n_valid, int nrows) {
-  return static_cast<size_t>(nrows) * static_cast<size_t>(std::max<int64_t>(1, Groups(n_valid))) * sizeof(GroupRec);
-}
-
-template <bool kFused>
 cudaError_t LaunchScan(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base, const ReduceRow* rows,
-                       int nrows, uint8_t* payload, uint8_t* recs, uint32_t* counters, cudaStream_t stream) {
+                       int nrows, uint8_t* recs, cudaStream_t stream) {
   const int64_t ng = std::max<int64_t>(1, Groups(n_valid));
   constexpr int kWarps = kReduceThreads / 32;
   // Four groups a warp where rows are many (fewer CTAs, more loads in flight each); one where
   // they are few (every SM busy). The records do not depend on it.
   if (nrows >= 8)
-    return LaunchDependent(GroupScan<4, kFused>, dim3(static_cast<unsigned>((ng + 4 * kWarps - 1) / (4 * kWarps)), nrows),
-                           dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs, payload, counters);
-  return LaunchDependent(GroupScan<1, kFused>, dim3(static_cast<unsigned>((ng + kWarps - 1) / kWarps), nrows),
-                         dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs, payload, counters);
+    return LaunchDependent(GroupScan<4>, dim3(static_cast<unsigned>((ng + 4 * kWarps - 1) / (4 * kWarps)), nrows),
+                           dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs);
+  return LaunchDependent(GroupScan<1>, dim3(static_cast<unsigned>((ng + kWarps - 1) / kWarps), nrows),
+                         dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs);
 }
 
 }  // namespace
 
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows) {
-  return GroupRecordBytes(n_valid, nrows) + static_cast<size_t>(nrows) * sizeof(uint32_t);
+  return static_cast<size_t>(nrows) * static_cast<size_t>(Groups(n_valid)) * sizeof(GroupRec);
 }
 
 cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                             const ReduceRow* rows, int nrows, uint8_t* payload, void* scratch,
-                            size_t scratch_bytes, cudaStream_t stream, bool fused) {
+                            size_t scratch_bytes, cudaStream_t stream) {
   if (nrows <= 0) return cudaSuccess;
   if (n_valid < 0 || n_valid > kGroupMaxCols || scratch == nullptr ||
       scratch_bytes < GroupTopKScratchBytes(n_valid, nrows) || (reinterpret_cast<uintptr_t>(scratch) & 7u) != 0)
     return cudaErrorInvalidValue;
   auto* recs = static_cast<uint8_t*>(scratch);
-  auto* counters = reinterpret_cast<uint32_t*>(recs + GroupRecordBytes(n_valid, nrows));
-  if (fused) {  // the counters zeroed by a memset node (an experiment: not yet worth a zeroing scheme)
-    DH_CUDA_TRY(cudaMemsetAsync(counters, 0, static_cast<size_t>(nrows) * sizeof(uint32_t), stream));
-    return LaunchScan<true>(y, ldy, n_valid, id_base, rows, nrows, payload, recs, counters, stream);
-  }
-  DH_CUDA_TRY(LaunchScan<false>(y, ldy, n_valid, id_base, rows, nrows, payload, recs, counters, stream));
+  DH_CUDA_TRY(LaunchScan(y, ldy, n_valid, id_base, rows, nrows, recs, stream));
   return LaunchDependent(GroupMerge, dim3(nrows), dim3(kReduceThreads), 0, stream, y, ldy, n_valid,
                          id_base, rows, payload, static_cast<const uint8_t*>(recs));
 }

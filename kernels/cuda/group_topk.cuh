@@ -27,15 +27,13 @@ namespace drafthead::cuda::epilogue {
 inline constexpr uint32_t kGroupTopK = 16;   // the largest k the group path serves
 inline constexpr int64_t kGroupMaxCols = 262144;  // n_valid it serves (<= 8 group records a thread)
 
-// Scratch bytes for nrows rows of n_valid columns (the group records, then a counter a row).
+// Scratch bytes for nrows rows of n_valid columns (the group records).
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows);
 
 // TOP_K rows with 1 <= k <= kGroupTopK; other rows' CTAs return at once. cudaErrorInvalidValue
 // when n_valid > kGroupMaxCols or scratch_bytes is short. Both kernels are programmatic dependents.
-// fused (experimental variant 7, not yet run): no GroupMerge; the scan's last CTA of each row
-// merges it, after a memset of the per-row counters.
 cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
                             const ReduceRow* rows, int nrows, uint8_t* payload, void* scratch,
-                            size_t scratch_bytes, cudaStream_t stream, bool fused);
+                            size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace drafthead::cuda::epilogue

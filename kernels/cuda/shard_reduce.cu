@@ -148,8 +148,7 @@ cudaError_t ShardEpilogueWithSplitChunk(const float* y, int64_t ldy, int64_t n_s
   if (!any_group) return cudaSuccess;
   const size_t off = GroupScratchOffset(n_valid, nrows);
   return epilogue::LaunchGroupTopK(y, ldy, n_valid, id_base, rows_dev, nrows, payload,
-                                   seg_scratch + off, scratch_bytes - off, stream,
-                                   group_topk == GroupTopK::kFused);
+                                   seg_scratch + off, scratch_bytes - off, stream);
 }
 
 }  // namespace detail

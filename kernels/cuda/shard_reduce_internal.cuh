@@ -14,9 +14,8 @@ namespace drafthead::cuda::detail {
 
 // Who serves TOP_K k <= kGroupTopK where the split path is on (ShardEpilogueWithSplitChunk).
 enum class GroupTopK {
-  kOff,    // the split path
-  kOn,     // the group family (ShardEpilogue)
-  kFused,  // the group family with its merge fused into its scan (LaunchGroupTopK's fused)
+  kOff,  // the split path
+  kOn,   // the group family (ShardEpilogue)
 };
 
 // ShardEpilogue with the split path's columns per CTA forced, for the comparisons in

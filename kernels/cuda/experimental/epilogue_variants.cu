@@ -16,7 +16,7 @@ cudaError_t ShardEpilogueVariant(const float* y, int64_t ldy, int64_t n_shard, i
     GroupTopK group;
   } kVariants[] = {{0, GroupTopK::kOn},     {-1, GroupTopK::kOff},  {512, GroupTopK::kOff},
                    {2048, GroupTopK::kOff}, {1024, GroupTopK::kOff}, {4096, GroupTopK::kOff},
-                   {0, GroupTopK::kOff},    {0, GroupTopK::kFused}};
+                   {0, GroupTopK::kOff}};
   if (variant < 0 || variant >= static_cast<int>(std::size(kVariants))) return cudaErrorInvalidValue;
   return detail::ShardEpilogueWithSplitChunk(y, ldy, n_shard, n_valid, id_base, rows_dev, nrows,
                                              payload, scratch, scratch_bytes, stream, rows_host,

@@ -16,8 +16,8 @@ namespace drafthead::cuda {
 // family, group_topk.cuh; the rest on the split path, chunk chosen by shape); 1 the round-1 kernels
 // (one CTA per row for everything); 2 / 4 / 3 / 5 the split path with 512 / 1024 / 2048 /
 // 4096-column chunks and 6 with the chunk chosen by shape (the default before the group family,
-// session 16), all three serving TOP_K k <= 16 on the split path; 7 the default with the group
-// family's merge fused into its scan (session 17, not yet run). Other variants:
+// session 16), all three serving TOP_K k <= 16 on the split path. Other variants (7, the group
+// family's merge fused into its scan, was slower and removed: docs/cuda.md round 6, run 4):
 // cudaErrorInvalidValue. scratch_bytes: at least EpilogueScratchBytes.
 
 cudaError_t ShardEpilogueVariant(const float* y, int64_t ldy, int64_t n_shard, int64_t n_valid,
