@@ -44,6 +44,7 @@
 #include "drafthead/v1/drafthead.grpc.pb.h"
 #include "common/command_line.h"
 #include "common/exit_codes.h"
+#include "common/heap.h"
 #include "kernels/numeric.h"
 #include "server/request/request.h"
 
@@ -480,6 +481,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as drafthead-server does
+  drafthead::KeepRequestBuffersInHeap();                                // here too: the same floor
   drafthead::SetProgramInfo("drafthead-fake-server", "drafthead-fake-server: an instant DraftHead server for tests");
   std::vector<std::string> storage;
   std::vector<char*> args = drafthead::NormalizeFlagNames(argc, argv, storage);

@@ -31,6 +31,7 @@
 #include "client/load_tester.h"
 #include "common/command_line.h"
 #include "common/exit_codes.h"
+#include "common/heap.h"
 #include "common/safetensors.h"
 #include "kernels/numeric.h"
 #include "nlohmann/json.hpp"
@@ -605,6 +606,7 @@ std::vector<char*> RewriteArgs(int argc, char** argv, std::vector<std::string>& 
 
 int main(int argc, char** argv) {
   using namespace drafthead::client;
+  drafthead::KeepRequestBuffersInHeap();  // as the server does: its figures, not its page faults
   drafthead::SetProgramInfo(
       "drafthead-client",
       "drafthead-client info|logits|load --target=HOST:PORT|unix:PATH [flags]\n"

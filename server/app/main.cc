@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
 #include "common/exit_codes.h"
+#include "common/heap.h"
 #include "common/log.h"
 #include "server/app/config.h"
 #include "server/app/launcher.h"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   // Debian's Abseil keeps Mutex deadlock detection on (a global lock-order graph updated at every
   // lock, under its own global lock): the tests keep it; the server's hot path does not pay it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  KeepRequestBuffersInHeap();  // before any thread starts
   SetProgramInfo("drafthead-server", "drafthead-server: tensor-parallel LM-head logits over gRPC");
   const std::vector<std::string> args(argv, argv + argc);  // as given: the launcher passes it on
   std::vector<std::string> storage;
