@@ -15,6 +15,8 @@
 # TOP_K (one lane of depth 64). Columns are
 # p50s in us (stages: the server's own, device events for h2d / gemv / epilogue / d2h). Then each
 # server's drafthead_graph_batches_total and drafthead_ahead_batches_total against its batches.
+# OLD=PATH instead: this bundle's server ("on") against an older drafthead-server binary ("off"),
+# both with the same flags (FLAG unused; e.g. the previous bundle's, carried in bundle-gpu/old/).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/env.sh
@@ -36,11 +38,18 @@ trap cleanup EXIT
 echo "# date: $(date -u '+%F %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 
+if [ -n "${OLD:-}" ]; then
+  flag_name="new server"
+  echo "# off: $OLD ($(stat -c %y "$OLD" | cut -c1-16)), on: this bundle's"
+fi
 for g in on off; do
   flag=true; [ $g = off ] && flag=false
   mports[$g]=$(port_pick)
-  serve "$srv" "$tmp/$g.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system --lanes=4 --max-rows=64 \
-    --$flag_name=$flag --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
+  prog=$srv flag_arg=--$flag_name=$flag
+  [ -n "${OLD:-}" ] && flag_arg= && [ $g = off ] && prog=$OLD
+  # shellcheck disable=SC2086
+  serve "$prog" "$tmp/$g.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system --lanes=4 --max-rows=64 \
+    $flag_arg --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
   ports[$g]=$port
   pids[$g]=$pid
 done
