@@ -654,7 +654,11 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
   DeviceBuffer<uint8_t> pay(c.bytes);
   const int nrows = static_cast<int>(c.rows.size());
   const size_t sb = cuda::EpilogueScratchBytes(n_valid, nrows);
-  DeviceBuffer<uint8_t> scratch(std::max<size_t>(sb, 16));
+  // A guard band of 0xab bytes past the scratch the epilogue asked for: none may be written
+  // (cudaMalloc's rounding would hide a small overrun).
+  constexpr size_t kGuard = 4096;
+  DeviceBuffer<uint8_t> scratch(sb + kGuard);
+  DH_CU(cudaMemset(scratch.get() + sb, 0xab, kGuard));
   const cuda::ReduceRow* hrows = host_rows ? c.rows.data() : nullptr;
   // Twice on one scratch, the first answer overwritten (0xcd bytes left anywhere a second call
   // fails to write).
@@ -670,6 +674,10 @@ void CheckEpilogueOnce(const std::vector<float>& y, int64_t ldy, int64_t n_shard
     }
   }
   DH_CU(cudaDeviceSynchronize());
+  const auto guard = scratch.Download(sb + kGuard);
+  ASSERT_EQ(guard.size(), sb + kGuard);
+  for (size_t i = sb; i < sb + kGuard; ++i)
+    ASSERT_EQ(guard[i], 0xab) << "the epilogue wrote byte " << i - sb << " past its " << sb << " bytes of scratch";
   const auto p = pay.Download(c.bytes);
   for (size_t i = 0; i < c.rows.size(); ++i) {
     const auto& r = c.rows[i];
