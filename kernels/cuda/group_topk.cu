@@ -224,8 +224,7 @@ cudaError_t LaunchScan(const float* y, int64_t ldy, int64_t n_valid, int32_t id_
 }  // namespace
 
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows) {
-  // One record a group and a row, and one a row where no column is valid (the scan still writes it).
-  return static_cast<size_t>(nrows) * static_cast<size_t>(std::max<int64_t>(1, Groups(n_valid))) * sizeof(GroupRec);
+  return static_cast<size_t>(nrows) * static_cast<size_t>(Groups(n_valid)) * sizeof(GroupRec);
 }
 
 cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base,
