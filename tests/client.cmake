@@ -30,10 +30,11 @@ if(DRAFTHEAD_PYTHON)
   # installed package in every mode, sync and asyncio; docs/client.md's examples; shared-memory
   # regions from Python and the DSpark adapter (POSIX regions); the same-host lane from Python
   # (the installed package's own libdrafthead_lane.so, drafthead_client/_native); a server on a
-  # Unix socket (--listen=unix:PATH) called from the C++ CLI, load tester and Python.
+  # Unix socket (--listen=unix:PATH) called from the C++ CLI, load tester and Python; the native
+  # unary call (libdrafthead_grpc.so) against grpcio's.
   if(TARGET drafthead-server)
     list(APPEND _py_tests client_e2e_parity_test client_package_test client_docs_test dspark_adapter_test
-                          client_regions_test client_lane_test client_unix_socket_test)
+                          client_regions_test client_lane_test client_unix_socket_test client_native_grpc_test)
   endif()
   foreach(_t ${_py_tests})
     add_test(NAME ${_t} COMMAND ${DRAFTHEAD_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${_t}.py)
@@ -42,6 +43,7 @@ if(DRAFTHEAD_PYTHON)
   endforeach()
   if(TARGET drafthead-server)
     set_property(TEST client_e2e_parity_test client_package_test client_docs_test dspark_adapter_test
-                 client_regions_test client_lane_test client_unix_socket_test APPEND PROPERTY LABELS e2e)
+                 client_regions_test client_lane_test client_unix_socket_test client_native_grpc_test
+                 APPEND PROPERTY LABELS e2e)
   endif()
 endif()

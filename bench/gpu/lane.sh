@@ -12,6 +12,8 @@
 # python: bench/gpu/lane_python_bench.py: torch CUDA in/out, gRPC vs lane vs the in-process original
 #         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
 #         PROFILE=N: then N stream-ordered calls under cProfile (where a call's host time goes).
+# transport: the Python client's gRPC call through grpcio against the native library
+#         (lane_python_bench.py --transports), beside the C++ load tester's p50 of M=5 TOP_K.
 # pieces: the host time of each piece of a stream-ordered Python call (torch ops, libcuda calls)
 #         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
 # mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
@@ -110,6 +112,14 @@ run_set() {  # TITLE
         --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
         | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 90 || echo 12)
       stamp "python $1"
+    fi
+    if want transport; then
+      echo
+      "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=off \
+        --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, gRPC M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
+      timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --transports --rounds="$rounds" \
+        --seconds=1 2>&1 | tail -7
+      stamp "transport $1"
     fi
     if want pieces; then
       echo

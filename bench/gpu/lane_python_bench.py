@@ -13,6 +13,9 @@ synchronise every 8 calls), the 20 largest self times: where the host time of a 
 client makes, the libcuda calls its library makes, via ctypes), N calls each, beside the whole call
 (with the library's copy kernel and without: Lane.copy_kernel):
 what the 30 us budget a call is spent on, without a profiler's overhead.
+--transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
+(transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
+TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
 """
@@ -64,7 +67,11 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--profile", type=int, default=0, help="stream-ordered M=5 TOP_K calls to profile")
     ap.add_argument("--pieces", type=int, default=0, help="calls a piece in the host-time breakdown")
+    ap.add_argument("--transports", action="store_true", help="grpcio vs the native unary call only")
     args = ap.parse_args()
+    if args.transports:
+        transports(args.target, args.seconds, args.rounds)
+        return
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
     grpc = RemoteDraftHead(args.target, lane="off", timeout=30)
@@ -257,6 +264,34 @@ def pieces(head, K, dev, n):
         print(f"| (the copy kernel is not in use: {why}) | | |")
     for label, fn in rows[3:]:
         print(f"| {label} | {each(fn, False):.1f} | |", flush=True)
+
+
+def transports(target, seconds, rounds):
+    """gRPC p50 us a call, transport="grpcio" vs "native", alternating rounds (median of the rounds'
+    p50s, and each round's)."""
+    import numpy as np
+    heads = {t: RemoteDraftHead(target, lane="off", transport=t, timeout=30) for t in ("grpcio", "native")}
+    K = heads["grpcio"].info()["hidden_size"]
+    dev = torch.device("cuda")
+    xt = {m: torch.randn(m, K, device=dev).to(torch.bfloat16) for m in (1, 5)}
+    xn = {m: np.random.default_rng(m).standard_normal((m, K)).astype(np.float32) for m in (1, 5)}
+    cases = [("torch CUDA, M=5 TOP_K k=8", lambda h: h.topk(xt[5], 8)),
+             ("torch CUDA, M=1 ARGMAX", lambda h: h.argmax(xt[1])),
+             ("numpy fp32, M=5 TOP_K k=8", lambda h: h.topk(xn[5], 8)),
+             ("numpy fp32, M=1 ARGMAX", lambda h: h.argmax(xn[1]))]
+    print(f"\n| Python over gRPC (transport in use: {heads['native'].transport_in_use} / grpcio) | grpcio p50 us | "
+          "native p50 us | native / grpcio | rounds (grpcio; native) |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, fn in cases:
+        r = {t: [] for t in heads}
+        for _ in range(rounds):
+            for t, h in heads.items():
+                r[t].append(p(timed(lambda: fn(h), seconds), 0.5))
+        g, n = statistics.median(r["grpcio"]), statistics.median(r["native"])
+        print(f"| {label} | {g:.0f} | {n:.0f} | {n / g:.2f} | {' '.join(f'{v:.0f}' for v in r['grpcio'])}; "
+              f"{' '.join(f'{v:.0f}' for v in r['native'])} |", flush=True)
+    for h in heads.values():
+        h.close()
 
 
 if __name__ == "__main__":

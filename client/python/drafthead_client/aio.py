@@ -44,6 +44,9 @@ class AsyncRemoteDraftHead(_HeadBase):
     awaited at once on one channel."""
 
     def _open(self) -> None:
+        if self.transport == "native":
+            raise ValueError("transport='native': the asyncio client's calls go through grpcio's event loop")
+        self.transport_in_use = "grpcio"
         self._channel: Optional[grpc.aio.Channel] = None  # opened on the running loop by _stubs()
         self._lane_channel: Optional[grpc.Channel] = None  # the lane's blocking channel (_lane_stub)
         self._lane_stub_: Any = None

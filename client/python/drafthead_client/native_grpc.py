@@ -1,0 +1,111 @@
+"""The native unary call (libdrafthead_grpc.so, client/native_grpc/unary_c_api.h): ComputeLogits on
+the caller's thread through the system's gRPC C++ library instead of grpcio's Python layers, which
+cost 0.5-0.8 ms a call on the GPU host against 0.2-0.5 ms for the C++ client (docs/client.md).
+Bytes in, bytes out: the request is serialized here and the answer parsed here, so the client sees
+the same messages and the same errors (NativeRpcError is a grpc.RpcError with code() and
+details()) either way. Insecure channels only; where the library or the system's gRPC C++ library
+is missing, load_library says why and the client keeps grpcio."""
+import ctypes
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import grpc
+
+_ABI_VERSION = 1
+_lib: Optional[ctypes.CDLL] = None
+_why_not = ""
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class NativeRpcError(grpc.RpcError):
+    """A failed native call, shaped like grpcio's errors (code(), details())."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
+    """(the library, "") or (None, why not): DRAFTHEAD_GRPC_LIB when set, else the package's own copy
+    (_native/, the wheel's), else a build tree's (a source checkout)."""
+    global _lib, _why_not
+    if _lib is not None or _why_not:
+        return _lib, _why_not
+    here = Path(__file__).resolve().parent
+    candidates = [here / "_native" / "libdrafthead_grpc.so"]
+    if os.environ.get("DRAFTHEAD_GRPC_LIB"):
+        candidates.insert(0, Path(os.environ["DRAFTHEAD_GRPC_LIB"]))
+    candidates += sorted(here.parent.parent.parent.glob("build*/client/libdrafthead_grpc.so"))
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        _why_not = "libdrafthead_grpc.so not found (the wheel carries it where it was built with gRPC C++)"
+        return None, _why_not
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # typically: the system's gRPC C++ library is not installed
+        _why_not = f"{path} does not load: {e}"
+        return None, _why_not
+    if not hasattr(lib, "dh_grpc_abi_version") or lib.dh_grpc_abi_version() != _ABI_VERSION:
+        _why_not = f"{path} is another version of libdrafthead_grpc.so (want its C ABI {_ABI_VERSION})"
+        return None, _why_not
+    c = ctypes
+    lib.dh_grpc_open.restype = c.c_void_p
+    lib.dh_grpc_open.argtypes = [c.c_char_p, c.c_int64, c.c_char_p, c.c_size_t]
+    lib.dh_grpc_close.argtypes = [c.c_void_p]
+    lib.dh_grpc_unary.argtypes = [c.c_void_p, c.c_char_p, c.c_char_p, c.c_size_t, c.c_int64, c.c_char_p,
+                                  c.c_char_p, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.c_char_p,
+                                  c.c_size_t]
+    lib.dh_grpc_free.argtypes = [c.c_void_p]
+    _lib = lib
+    return lib, ""
+
+
+class NativeChannel:
+    """An insecure channel of libdrafthead_grpc.so. unary() gives a callable shaped like a grpcio
+    stub method: fn(request, timeout=None, metadata=()) -> the parsed answer."""
+
+    def __init__(self, target: str, max_message_bytes: int):
+        lib, why = load_library()
+        if lib is None:
+            raise OSError(why)
+        msg = ctypes.create_string_buffer(512)
+        h = lib.dh_grpc_open(target.encode(), int(max_message_bytes), msg, len(msg))
+        if not h:
+            raise OSError(f"libdrafthead_grpc.so: {msg.value.decode(errors='replace')}")
+        self._lib, self._h = lib, h
+
+    def unary(self, method: str, response_type: Any) -> Callable[..., Any]:
+        lib, name = self._lib, method.encode()
+        c = ctypes
+
+        def call(request: Any, timeout: Optional[float] = None, metadata: Sequence[Tuple[str, str]] = ()) -> Any:
+            if self._h is None:
+                raise NativeRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
+            if len(metadata) > 1:
+                raise ValueError("the native call carries one metadata pair at most")
+            data = request.SerializeToString()
+            key, value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
+            out, n, msg = c.c_void_p(), c.c_size_t(), c.create_string_buffer(512)
+            timeout_ns = int((timeout if timeout is not None else 3600.0) * 1e9)
+            code = lib.dh_grpc_unary(self._h, name, data, len(data), timeout_ns, key, value, c.byref(out),
+                                     c.byref(n), msg, len(msg))
+            if code != 0:
+                raise NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN), msg.value.decode(errors="replace"))
+            try:
+                return response_type.FromString(c.string_at(out, n.value) if out.value else b"")
+            finally:
+                lib.dh_grpc_free(out)
+
+        return call
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h is not None:
+            self._lib.dh_grpc_close(h)

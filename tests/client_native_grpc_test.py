@@ -1,0 +1,124 @@
+"""The Python client's native unary call (libdrafthead_grpc.so, transport="native"/"auto") against
+grpcio's (transport="grpcio") on a real CPU server: the installed package carries and loads the
+library, "auto" takes it, every mode's answers are the same bytes both ways, errors keep their
+codes and messages, a deadline and an unreachable target end the call in bounded time, threads
+share one client, and the options refuse what the native call cannot do. Tiny shapes; seconds."""
+
+import os
+import sys
+import threading
+import time
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from client_test_util import RealServerTestCase, free_port  # noqa: E402
+
+import drafthead_client as dc  # noqa: E402
+from drafthead_client import native_grpc  # noqa: E402
+
+K = 256
+
+
+def same(a, b):
+    if isinstance(a, tuple):
+        return all(same(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+class NativeGrpcTest(RealServerTestCase):
+    SERVER_ARGS = ["--synthetic=4", f"--hidden-size={K}", "--padded-vocab=4096", "--vocab-size=4001", "--tp=1",
+                   "--threads=1", "--max-rows=8"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.native = dc.RemoteDraftHead(cls.target, lane="off", transport="native", timeout=30)
+        cls.grpcio = dc.RemoteDraftHead(cls.target, lane="off", transport="grpcio", timeout=30)
+        cls.x = np.random.default_rng(3).standard_normal((11, K)).astype(np.float32)  # 11 > max_rows: two calls
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.native.close()
+        cls.grpcio.close()
+        cls.head.close()
+        super().tearDownClass()
+
+    def test_the_installed_package_carries_and_loads_the_library(self):
+        lib, why = native_grpc.load_library()
+        self.assertIsNotNone(lib, why)
+        self.assertIn(os.path.join("drafthead_client", "_native"), lib._name)  # the wheel's copy
+        self.assertEqual(self.head.transport_in_use, "native")  # "auto" takes it
+        self.assertEqual(self.native.transport_in_use, "native")
+        self.assertEqual(self.grpcio.transport_in_use, "grpcio")
+
+    def test_every_mode_gives_the_same_bytes(self):
+        for fn in (lambda h: h.logits(self.x, dtype="bf16"), lambda h: h.logits(self.x, dtype="fp32"),
+                   lambda h: h.logits(self.x, hidden_dtype="fp32"),
+                   lambda h: tuple(h.topk(self.x, 8, probs=True, temperature=0.7)),
+                   lambda h: tuple(h.topk(self.x, 40)), lambda h: tuple(h.argmax(self.x)),
+                   lambda h: tuple(h.sample(self.x, temperature=0.9, seed=7))):
+            self.assertTrue(same(fn(self.native), fn(self.grpcio)))
+
+    def test_errors_keep_their_code_and_message(self):
+        errors = []
+        for h in (self.native, self.grpcio):
+            with self.assertRaises(dc.DraftHeadError) as cm:
+                h.topk(self.x, 100000)
+            errors.append((cm.exception.code, str(cm.exception)))
+        self.assertEqual(errors[0], errors[1])
+        self.assertEqual(errors[0][0], "INVALID_ARGUMENT")
+
+    def test_a_deadline_ends_the_call(self):
+        big = np.zeros((8, K), np.float32)
+        t0 = time.monotonic()
+        with self.assertRaises(dc.DraftHeadError) as cm:
+            for _ in range(200):  # one of them outlives 10 us
+                self.native.logits(big, timeout=1e-5)
+        self.assertEqual(cm.exception.code, "DEADLINE_EXCEEDED")
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_an_unreachable_target_is_unavailable_in_bounded_time(self):
+        with dc.RemoteDraftHead(f"127.0.0.1:{free_port()}", lane="off", transport="native", timeout=3,
+                                attempts=2) as h:
+            t0 = time.monotonic()
+            with self.assertRaises(dc.DraftHeadError) as cm:
+                h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), None)
+            self.assertIn(cm.exception.code, ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+            self.assertLess(time.monotonic() - t0, 6)
+
+    def test_threads_share_one_client(self):
+        want = self.grpcio.argmax(self.x)
+        bad = []
+
+        def run():
+            for _ in range(20):
+                if not same(tuple(self.native.argmax(self.x)), tuple(want)):
+                    bad.append(1)
+
+        threads = [threading.Thread(target=run) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        self.assertEqual(bad, [])
+
+    def test_the_options_refuse_what_the_native_call_cannot_do(self):
+        with self.assertRaises(ValueError):
+            dc.RemoteDraftHead(self.target, transport="native", tls=True)
+        with self.assertRaises(ValueError):
+            dc.RemoteDraftHead(self.target, transport="native", balance_replicas=True)
+        with self.assertRaises(ValueError):
+            dc.RemoteDraftHead(self.target, transport="quic")
+        with self.assertRaises(ValueError):
+            dc.AsyncRemoteDraftHead(self.target, transport="native")
+        with dc.RemoteDraftHead(self.target, tls=True) as h:  # "auto" with TLS: grpcio
+            self.assertEqual(h.transport_in_use, "grpcio")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
