@@ -444,10 +444,11 @@ class _HeadBase:
             n = req.rows * k
             if len(resp.token_ids) != n or len(resp.values) != n or (want_probs and len(resp.probs) != n):
                 raise DraftHeadError("INTERNAL", "malformed response: token_ids/values/probs sizes")
-            ids.append(np.asarray(resp.token_ids, dtype=np.int32))
-            values.append(np.asarray(resp.values, dtype=np.float32))
+            # fromiter with the count: 2-3x faster than asarray on a protobuf repeated field
+            ids.append(np.fromiter(resp.token_ids, dtype=np.int32, count=n))
+            values.append(np.fromiter(resp.values, dtype=np.float32, count=n))
             if want_probs:
-                prob.append(np.asarray(resp.probs, dtype=np.float32))
+                prob.append(np.fromiter(resp.probs, dtype=np.float32, count=n))
         shape = enc.lead_shape + ((k,) if mode == "topk" else ())
 
         def whole(parts: List[Any]) -> Any:  # one call's answer (the common case) is not copied again
