@@ -2,8 +2,8 @@
 grpcio's (transport="grpcio") on a real CPU server: the installed package carries and loads the
 library, "auto" takes it, every mode's answers are the same bytes both ways, errors keep their
 codes and messages, a deadline (against a slow fake server) and an unreachable target end the call
-in bounded time, threads
-share one client, and the options refuse what the native call cannot do. Tiny shapes; seconds."""
+in bounded time, close() cancels the calls running, threads share one client, and the options
+refuse what the native call cannot do. Tiny shapes; seconds."""
 
 import os
 import sys
@@ -83,6 +83,33 @@ class NativeGrpcTest(RealServerTestCase):
                     h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), 0.05)
                 self.assertEqual(cm.exception.code, "DEADLINE_EXCEEDED")
                 self.assertLess(time.monotonic() - t0, 1.0)
+
+    def test_close_cancels_the_calls_running(self):
+        # A call waiting on a 2 s fake server, the client closed from another thread meanwhile: the
+        # call ends CANCELLED at once (as with a grpcio channel), close() returns, later calls refused.
+        with Child([f"--hidden-size={K}", "--delay-us=2000000", "--workers=2"]) as slow:
+            h = dc.RemoteDraftHead(slow.target, lane="off", transport="native", timeout=30)
+            got = []
+
+            def run():
+                try:
+                    h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), None)
+                    got.append("answered")
+                except dc.DraftHeadError as e:
+                    got.append(e.code)
+
+            t = threading.Thread(target=run)
+            t.start()
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            h.close()
+            t.join(5)
+            self.assertFalse(t.is_alive())
+            self.assertLess(time.monotonic() - t0, 1.0)
+            self.assertEqual(got, ["CANCELLED"])
+            with self.assertRaises(dc.DraftHeadError) as cm:
+                h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), None)
+            self.assertEqual(cm.exception.code, "CANCELLED")
 
     def test_an_unreachable_target_is_unavailable_in_bounded_time(self):
         with dc.RemoteDraftHead(f"127.0.0.1:{free_port()}", lane="off", transport="native", timeout=3,

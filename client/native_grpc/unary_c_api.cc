@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,7 +20,30 @@ namespace {
 struct Channel {
   std::shared_ptr<grpc::Channel> channel;
   grpc::GenericStub stub;
+  std::mutex mu;
+  std::set<grpc::ClientContext*> live;  // the calls running, for dh_grpc_shutdown (guarded by mu)
+  bool shut = false;                     // guarded by mu
   explicit Channel(std::shared_ptr<grpc::Channel> c) : channel(c), stub(std::move(c)) {}
+};
+
+// A call's entry in Channel::live for its lifetime; refused once the channel is shut.
+class LiveCall {
+ public:
+  LiveCall(Channel* c, grpc::ClientContext* ctx) : c_(c), ctx_(ctx) {
+    std::lock_guard<std::mutex> l(c_->mu);
+    ok_ = !c_->shut;
+    if (ok_) c_->live.insert(ctx_);
+  }
+  ~LiveCall() {
+    std::lock_guard<std::mutex> l(c_->mu);
+    c_->live.erase(ctx_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  Channel* c_;
+  grpc::ClientContext* ctx_;
+  bool ok_ = false;
 };
 
 void Message(char* msg, size_t msg_len, const std::string& s) {
@@ -57,6 +82,14 @@ DH_EXPORT void* dh_grpc_open(const char* target, int64_t max_message_bytes, char
   }
 }
 
+DH_EXPORT void dh_grpc_shutdown(void* channel) {
+  auto* c = static_cast<Channel*>(channel);
+  if (c == nullptr) return;
+  std::lock_guard<std::mutex> l(c->mu);
+  c->shut = true;
+  for (grpc::ClientContext* ctx : c->live) ctx->TryCancel();
+}
+
 DH_EXPORT void dh_grpc_close(void* channel) { delete static_cast<Channel*>(channel); }
 
 DH_EXPORT int dh_grpc_unary(void* channel, const char* method, const void* req, size_t req_len,
@@ -75,6 +108,11 @@ DH_EXPORT int dh_grpc_unary(void* channel, const char* method, const void* req, 
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::nanoseconds(std::max<int64_t>(timeout_ns, 1000000)));
     if (md_key != nullptr) ctx.AddMetadata(md_key, md_value != nullptr ? md_value : "");
+    const LiveCall live(c, &ctx);
+    if (!live.ok()) {
+      Message(msg, msg_len, "the channel is closed");
+      return static_cast<int>(grpc::StatusCode::CANCELLED);
+    }
     grpc::Slice slice(req, req_len);
     grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer answer;

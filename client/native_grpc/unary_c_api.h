@@ -3,8 +3,9 @@
 // against 0.2-0.5 ms for the C++ client). Bytes in, bytes out: the caller serializes the request
 // and parses the answer, so the library knows no message type.
 //
-// Ownership: dh_grpc_open returns a channel the caller closes with dh_grpc_close (after every call
-// on it has returned); an answer buffer is the caller's, freed with dh_grpc_free.
+// Ownership: dh_grpc_open returns a channel the caller frees with dh_grpc_close once no call on it
+// is running (dh_grpc_shutdown first ends the running ones: they return CANCELLED at once); an
+// answer buffer is the caller's, freed with dh_grpc_free.
 // Threads: a channel takes calls from any number of threads at once; each call runs on its
 // caller's thread (its own completion queue), nothing is handed to a pool.
 // Failure: dh_grpc_unary returns the gRPC status code (0: OK) with the status message in msg;
@@ -25,6 +26,8 @@ int dh_grpc_abi_version(void);  // 1
 // A channel to target (HOST:PORT, unix:PATH or any gRPC target) whose messages may be up to
 // max_message_bytes each way. NULL on failure, the reason in msg.
 void* dh_grpc_open(const char* target, int64_t max_message_bytes, char* msg, size_t msg_len);
+// Cancels the calls running on channel and refuses new ones (CANCELLED); returns at once.
+void dh_grpc_shutdown(void* channel);
 void dh_grpc_close(void* channel);
 
 // One unary call of method ("/package.Service/Method") with request bytes req, and one metadata

@@ -7,6 +7,7 @@ details()) either way. Insecure channels only; where the library or the system's
 is missing, load_library says why and the client keeps grpcio."""
 import ctypes
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
@@ -58,6 +59,7 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
     c = ctypes
     lib.dh_grpc_open.restype = c.c_void_p
     lib.dh_grpc_open.argtypes = [c.c_char_p, c.c_int64, c.c_char_p, c.c_size_t]
+    lib.dh_grpc_shutdown.argtypes = [c.c_void_p]
     lib.dh_grpc_close.argtypes = [c.c_void_p]
     lib.dh_grpc_unary.argtypes = [c.c_void_p, c.c_char_p, c.c_char_p, c.c_size_t, c.c_int64, c.c_char_p,
                                   c.c_char_p, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.c_char_p,
@@ -69,7 +71,8 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
 
 class NativeChannel:
     """An insecure channel of libdrafthead_grpc.so. unary() gives a callable shaped like a grpcio
-    stub method: fn(request, timeout=None, metadata=()) -> the parsed answer."""
+    stub method: fn(request, timeout=None, metadata=()) -> the parsed answer. Thread-safe; close()
+    from any thread cancels the calls running (CANCELLED), as closing a grpcio channel does."""
 
     def __init__(self, target: str, max_message_bytes: int):
         lib, why = load_library()
@@ -80,22 +83,32 @@ class NativeChannel:
         if not h:
             raise OSError(f"libdrafthead_grpc.so: {msg.value.decode(errors='replace')}")
         self._lib, self._h = lib, h
+        self._cond = threading.Condition()
+        self._running = 0  # calls inside the library (the handle is freed only when none is)
 
     def unary(self, method: str, response_type: Any) -> Callable[..., Any]:
         lib, name = self._lib, method.encode()
         c = ctypes
 
         def call(request: Any, timeout: Optional[float] = None, metadata: Sequence[Tuple[str, str]] = ()) -> Any:
-            if self._h is None:
-                raise NativeRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
             if len(metadata) > 1:
                 raise ValueError("the native call carries one metadata pair at most")
             data = request.SerializeToString()
             key, value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
             out, n, msg = c.c_void_p(), c.c_size_t(), c.create_string_buffer(512)
             timeout_ns = int((timeout if timeout is not None else 3600.0) * 1e9)
-            code = lib.dh_grpc_unary(self._h, name, data, len(data), timeout_ns, key, value, c.byref(out),
-                                     c.byref(n), msg, len(msg))
+            with self._cond:
+                h = self._h
+                if h is None:
+                    raise NativeRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
+                self._running += 1
+            try:
+                code = lib.dh_grpc_unary(h, name, data, len(data), timeout_ns, key, value, c.byref(out), c.byref(n),
+                                         msg, len(msg))
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
             if code != 0:
                 raise NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN), msg.value.decode(errors="replace"))
             try:
@@ -106,6 +119,11 @@ class NativeChannel:
         return call
 
     def close(self) -> None:
-        h, self._h = self._h, None
-        if h is not None:
-            self._lib.dh_grpc_close(h)
+        with self._cond:
+            h, self._h = self._h, None
+            if h is None:
+                return
+            self._lib.dh_grpc_shutdown(h)  # the running calls end now, CANCELLED
+            if not self._cond.wait_for(lambda: self._running == 0, timeout=10.0):
+                return  # a call still inside the library: leave the handle rather than free it under it
+        self._lib.dh_grpc_close(h)
