@@ -2,7 +2,8 @@
 grpcio's (transport="grpcio") on a real CPU server: the installed package carries and loads the
 library, "auto" takes it, every mode's answers are the same bytes both ways, errors keep their
 codes and messages, a deadline (against a slow fake server) and an unreachable target end the call
-in bounded time, close() cancels the calls running, threads share one client, and the options
+in bounded time, close() cancels the calls running, a forked child calls through grpcio and
+leaves the parent's connection intact, threads share one client, and the options
 refuse what the native call cannot do. Tiny shapes; seconds."""
 
 import os
@@ -110,6 +111,31 @@ class NativeGrpcTest(RealServerTestCase):
             with self.assertRaises(dc.DraftHeadError) as cm:
                 h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), None)
             self.assertEqual(cm.exception.code, "CANCELLED")
+
+    def test_a_forked_child_calls_through_grpcio_and_the_parent_keeps_its_channel(self):
+        want = self.grpcio.argmax(self.x)
+        self.assertTrue(same(tuple(self.native.argmax(self.x)), tuple(want)))
+        pid = os.fork()
+        if pid == 0:  # the child: the inherited client works (through grpcio) and exits 0
+            code = 3
+            try:
+                code = 0 if same(tuple(self.native.argmax(self.x, timeout=10)), tuple(want)) else 4
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                self.fail("the forked child's call hung")
+            time.sleep(0.02)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        # The parent's connection is intact: native calls still answer (without the fix: its deadline).
+        self.assertTrue(same(tuple(self.native.argmax(self.x, timeout=10)), tuple(want)))
+        self.assertEqual(self.native.transport_in_use, "native")
 
     def test_an_unreachable_target_is_unavailable_in_bounded_time(self):
         with dc.RemoteDraftHead(f"127.0.0.1:{free_port()}", lane="off", transport="native", timeout=3,

@@ -527,7 +527,10 @@ class RemoteDraftHead(_HeadBase):
                     if not self._lane_dropped(lane, e):
                         raise
                     lane.close()  # gRPC now, a new lane later
-        return self._checked(req, self._call(self._compute_logits, req, timeout))
+        # A forked child calls through grpcio (fork-aware); the native channel stays its parent's.
+        native = self._native is not None and self._native.owned()
+        return self._checked(req, self._call(self._compute_logits if native else self._stub.ComputeLogits, req,
+                                             timeout))
 
     # -- the same-host lane --------------------------------------------------------------------------
     def lane(self, cuda_device: Any = None) -> Optional[Lane]:

@@ -72,7 +72,10 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
 class NativeChannel:
     """An insecure channel of libdrafthead_grpc.so. unary() gives a callable shaped like a grpcio
     stub method: fn(request, timeout=None, metadata=()) -> the parsed answer. Thread-safe; close()
-    from any thread cancels the calls running (CANCELLED), as closing a grpcio channel does."""
+    from any thread cancels the calls running (CANCELLED), as closing a grpcio channel does.
+    Only the opening process may use it (`owned()`): a forked child shares its connection's socket,
+    and a call from there would corrupt the parent's HTTP/2 stream (seen: the parent's next call
+    then ran into its deadline); a child's close() leaves it alone."""
 
     def __init__(self, target: str, max_message_bytes: int):
         lib, why = load_library()
@@ -83,6 +86,7 @@ class NativeChannel:
         if not h:
             raise OSError(f"libdrafthead_grpc.so: {msg.value.decode(errors='replace')}")
         self._lib, self._h = lib, h
+        self._pid = os.getpid()
         self._cond = threading.Condition()
         self._running = 0  # calls inside the library (the handle is freed only when none is)
 
@@ -97,6 +101,9 @@ class NativeChannel:
             key, value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
             out, n, msg = c.c_void_p(), c.c_size_t(), c.create_string_buffer(512)
             timeout_ns = int((timeout if timeout is not None else 3600.0) * 1e9)
+            if not self.owned():
+                raise NativeRpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     "the native channel belongs to the process that opened it (this one forked)")
             with self._cond:
                 h = self._h
                 if h is None:
@@ -118,7 +125,14 @@ class NativeChannel:
 
         return call
 
+    def owned(self) -> bool:
+        """Whether this process opened the channel (False in a forked child)."""
+        return os.getpid() == self._pid
+
     def close(self) -> None:
+        if not self.owned():
+            self._h = None  # the parent's: not this process's to shut
+            return
         with self._cond:
             h, self._h = self._h, None
             if h is None:
