@@ -2,11 +2,12 @@
 grpcio's (transport="grpcio") on a real CPU server: the installed package carries and loads the
 library, "auto" takes it, every mode's answers are the same bytes both ways, errors keep their
 codes and messages, a deadline (against a slow fake server) and an unreachable target end the call
-in bounded time, close() cancels the calls running, a forked child calls through grpcio and
+in bounded time, Ctrl-C interrupts a waiting call, close() cancels the calls running, a forked child calls through grpcio and
 leaves the parent's connection intact, threads share one client, and the options
 refuse what the native call cannot do. Tiny shapes; seconds."""
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -111,6 +112,20 @@ class NativeGrpcTest(RealServerTestCase):
             with self.assertRaises(dc.DraftHeadError) as cm:
                 h._compute(dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX), None)
             self.assertEqual(cm.exception.code, "CANCELLED")
+
+    def test_ctrl_c_interrupts_a_waiting_call(self):
+        # SIGINT 0.3 s into a call on a 2 s fake server: KeyboardInterrupt within ~0.2 s of it (the
+        # call waits in slices), the call cancelled, the client still answering after.
+        with Child([f"--hidden-size={K}", "--delay-us=2000000", "--workers=2"]) as slow:
+            with dc.RemoteDraftHead(slow.target, lane="off", transport="native", timeout=30) as h:
+                req = dc.pb.LogitsRequest(rows=1, hidden=b"\0" * 2 * K, mode=dc.pb.ARGMAX)
+                timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                t0 = time.monotonic()
+                timer.start()
+                with self.assertRaises(KeyboardInterrupt):
+                    h._compute(req, None)
+                self.assertLess(time.monotonic() - t0, 1.0)
+                self.assertEqual(h._compute(req, None).rows, 1)
 
     def test_a_forked_child_calls_through_grpcio_and_the_parent_keeps_its_channel(self):
         want = self.grpcio.argmax(self.x)

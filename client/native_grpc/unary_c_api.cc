@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
-#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,29 +21,34 @@ struct Channel {
   std::shared_ptr<grpc::Channel> channel;
   grpc::GenericStub stub;
   std::mutex mu;
-  std::set<grpc::ClientContext*> live;  // the calls running, for dh_grpc_shutdown (guarded by mu)
+  std::set<grpc::ClientContext*> live;  // the calls unfinished, for dh_grpc_shutdown (guarded by mu)
   bool shut = false;                     // guarded by mu
   explicit Channel(std::shared_ptr<grpc::Channel> c) : channel(c), stub(std::move(c)) {}
 };
 
-// A call's entry in Channel::live for its lifetime; refused once the channel is shut.
-class LiveCall {
- public:
-  LiveCall(Channel* c, grpc::ClientContext* ctx) : c_(c), ctx_(ctx) {
-    std::lock_guard<std::mutex> l(c_->mu);
-    ok_ = !c_->shut;
-    if (ok_) c_->live.insert(ctx_);
-  }
-  ~LiveCall() {
-    std::lock_guard<std::mutex> l(c_->mu);
-    c_->live.erase(ctx_);
-  }
-  bool ok() const { return ok_; }
+// One call: its context, its own completion queue and what Finish fills. Refused calls (code != 0
+// from the start) carry only their code and message.
+struct Call {
+  Channel* channel = nullptr;  // null: refused at start (nothing registered, no queue events)
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  bool ended = false;
+  int code = 0;
+  std::string message;
 
- private:
-  Channel* c_;
-  grpc::ClientContext* ctx_;
-  bool ok_ = false;
+  ~Call() {
+    cq.Shutdown();  // a queue is shut down and drained before it is destroyed
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+    if (channel == nullptr) return;
+    std::lock_guard<std::mutex> l(channel->mu);
+    channel->live.erase(&ctx);
+  }
 };
 
 void Message(char* msg, size_t msg_len, const std::string& s) {
@@ -53,11 +58,37 @@ void Message(char* msg, size_t msg_len, const std::string& s) {
   msg[n] = '\0';
 }
 
+Call* Refused(grpc::StatusCode code, std::string message) {
+  auto* call = new Call;
+  call->ended = true;
+  call->code = static_cast<int>(code);
+  call->message = std::move(message);
+  return call;
+}
+
+// Waits for the call's one event (Finish's) up to `until`; true once it came.
+bool WaitEnd(Call* call, std::chrono::system_clock::time_point until) {
+  if (call->ended) return true;
+  void* tag = nullptr;
+  bool ok = false;
+  switch (call->cq.AsyncNext(&tag, &ok, until)) {
+    case grpc::CompletionQueue::GOT_EVENT:
+      call->ended = true;
+      return true;
+    case grpc::CompletionQueue::SHUTDOWN:  // not before ~Call: only if gRPC itself shut it
+      call->ended = true;
+      call->status = grpc::Status(grpc::StatusCode::INTERNAL, "the call's completion queue shut down");
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-DH_EXPORT int dh_grpc_abi_version(void) { return 1; }
+DH_EXPORT int dh_grpc_abi_version(void) { return 2; }
 
 DH_EXPORT void* dh_grpc_open(const char* target, int64_t max_message_bytes, char* msg, size_t msg_len) {
   if (target == nullptr || *target == '\0') {
@@ -92,76 +123,85 @@ DH_EXPORT void dh_grpc_shutdown(void* channel) {
 
 DH_EXPORT void dh_grpc_close(void* channel) { delete static_cast<Channel*>(channel); }
 
-DH_EXPORT int dh_grpc_unary(void* channel, const char* method, const void* req, size_t req_len,
-                            int64_t timeout_ns, const char* md_key, const char* md_value, void** resp,
-                            size_t* resp_len, char* msg, size_t msg_len) {
-  if (channel == nullptr || method == nullptr || resp == nullptr || resp_len == nullptr ||
-      (req == nullptr && req_len != 0)) {
-    Message(msg, msg_len, "dh_grpc_unary: a null argument");
-    return static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
-  }
-  *resp = nullptr;
-  *resp_len = 0;
+DH_EXPORT void* dh_grpc_start(void* channel, const char* method, const void* req, size_t req_len,
+                              int64_t timeout_ns, const char* md_key, const char* md_value) {
+  if (channel == nullptr || method == nullptr || (req == nullptr && req_len != 0))
+    return Refused(grpc::StatusCode::INVALID_ARGUMENT, "dh_grpc_start: a null argument");
   try {
     auto* c = static_cast<Channel*>(channel);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::nanoseconds(std::max<int64_t>(timeout_ns, 1000000)));
-    if (md_key != nullptr) ctx.AddMetadata(md_key, md_value != nullptr ? md_value : "");
-    const LiveCall live(c, &ctx);
-    if (!live.ok()) {
-      Message(msg, msg_len, "the channel is closed");
-      return static_cast<int>(grpc::StatusCode::CANCELLED);
+    auto call = std::make_unique<Call>();
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::nanoseconds(std::max<int64_t>(timeout_ns, 1000000)));
+    if (md_key != nullptr) call->ctx.AddMetadata(md_key, md_value != nullptr ? md_value : "");
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      if (c->shut) return Refused(grpc::StatusCode::CANCELLED, "the channel is closed");
+      c->live.insert(&call->ctx);
+      call->channel = c;
     }
     grpc::Slice slice(req, req_len);
     grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer answer;
-    grpc::Status status;
-    grpc::CompletionQueue cq;  // this call's own: its events come back on this thread
-    auto call = c->stub.PrepareUnaryCall(&ctx, method, request, &cq);
-    call->StartCall();
-    call->Finish(&answer, &status, reinterpret_cast<void*>(1));
-    void* tag = nullptr;
-    bool ok = false;
-    // Returns once the call ends: OK, failed or past its deadline (gRPC cancels it then).
-    const bool got = cq.Next(&tag, &ok);
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
-    if (!got) {
-      Message(msg, msg_len, "the call's completion queue shut down");
-      return static_cast<int>(grpc::StatusCode::INTERNAL);
-    }
-    if (!status.ok()) {
-      Message(msg, msg_len, status.error_message());
-      return static_cast<int>(status.error_code());
-    }
-    std::vector<grpc::Slice> slices;
-    if (!answer.Dump(&slices).ok()) {
-      Message(msg, msg_len, "cannot read the answer's bytes");
-      return static_cast<int>(grpc::StatusCode::INTERNAL);
-    }
-    size_t n = 0;
-    for (const grpc::Slice& s : slices) n += s.size();
-    if (n > 0) {
-      auto* out = static_cast<uint8_t*>(std::malloc(n));
-      if (out == nullptr) {
-        Message(msg, msg_len, "out of memory for the answer");
-        return static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
-      }
-      size_t at = 0;
-      for (const grpc::Slice& s : slices) {
-        std::memcpy(out + at, s.begin(), s.size());
-        at += s.size();
-      }
-      *resp = out;
-      *resp_len = n;
-    }
-    return 0;
+    call->reader = c->stub.PrepareUnaryCall(&call->ctx, method, request, &call->cq);
+    call->reader->StartCall();
+    call->reader->Finish(&call->answer, &call->status, call.get());
+    return call.release();
   } catch (const std::exception& e) {
-    Message(msg, msg_len, e.what());
+    return Refused(grpc::StatusCode::INTERNAL, e.what());
+  }
+}
+
+DH_EXPORT int dh_grpc_wait(void* call, int64_t wait_ns) {
+  auto* c = static_cast<Call*>(call);
+  return WaitEnd(c, std::chrono::system_clock::now() + std::chrono::nanoseconds(std::max<int64_t>(wait_ns, 0)))
+             ? 1
+             : 0;
+}
+
+DH_EXPORT void dh_grpc_cancel(void* call) {
+  auto* c = static_cast<Call*>(call);
+  if (c->channel != nullptr && !c->ended) c->ctx.TryCancel();
+}
+
+DH_EXPORT int dh_grpc_finish(void* call, void** resp, size_t* resp_len, char* msg, size_t msg_len) {
+  std::unique_ptr<Call> c(static_cast<Call*>(call));
+  if (resp != nullptr) *resp = nullptr;
+  if (resp_len != nullptr) *resp_len = 0;
+  if (c->code != 0) {
+    Message(msg, msg_len, c->message);
+    return c->code;
+  }
+  // The deadline bounds this: gRPC ends the call with DEADLINE_EXCEEDED at the latest then.
+  while (!WaitEnd(c.get(), std::chrono::system_clock::now() + std::chrono::seconds(1))) {
+  }
+  if (!c->status.ok()) {
+    Message(msg, msg_len, c->status.error_message());
+    return static_cast<int>(c->status.error_code());
+  }
+  if (resp == nullptr || resp_len == nullptr) {
+    Message(msg, msg_len, "dh_grpc_finish: a null argument");
+    return static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  std::vector<grpc::Slice> slices;
+  if (!c->answer.Dump(&slices).ok()) {
+    Message(msg, msg_len, "cannot read the answer's bytes");
     return static_cast<int>(grpc::StatusCode::INTERNAL);
   }
+  size_t n = 0;
+  for (const grpc::Slice& s : slices) n += s.size();
+  if (n == 0) return 0;
+  auto* out = static_cast<uint8_t*>(std::malloc(n));
+  if (out == nullptr) {
+    Message(msg, msg_len, "out of memory for the answer");
+    return static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  size_t at = 0;
+  for (const grpc::Slice& s : slices) {
+    std::memcpy(out + at, s.begin(), s.size());
+    at += s.size();
+  }
+  *resp = out;
+  *resp_len = n;
+  return 0;
 }
 
 DH_EXPORT void dh_grpc_free(void* p) { std::free(p); }

@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import grpc
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
+_WAIT_SLICE_NS = 200_000_000  # signals (Ctrl-C) are seen between slices, as with grpcio
 _lib: Optional[ctypes.CDLL] = None
 _why_not = ""
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -61,9 +62,13 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
     lib.dh_grpc_open.argtypes = [c.c_char_p, c.c_int64, c.c_char_p, c.c_size_t]
     lib.dh_grpc_shutdown.argtypes = [c.c_void_p]
     lib.dh_grpc_close.argtypes = [c.c_void_p]
-    lib.dh_grpc_unary.argtypes = [c.c_void_p, c.c_char_p, c.c_char_p, c.c_size_t, c.c_int64, c.c_char_p,
-                                  c.c_char_p, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.c_char_p,
-                                  c.c_size_t]
+    lib.dh_grpc_start.restype = c.c_void_p
+    lib.dh_grpc_start.argtypes = [c.c_void_p, c.c_char_p, c.c_char_p, c.c_size_t, c.c_int64, c.c_char_p,
+                                  c.c_char_p]
+    lib.dh_grpc_wait.argtypes = [c.c_void_p, c.c_int64]
+    lib.dh_grpc_cancel.argtypes = [c.c_void_p]
+    lib.dh_grpc_finish.argtypes = [c.c_void_p, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.c_char_p,
+                                   c.c_size_t]
     lib.dh_grpc_free.argtypes = [c.c_void_p]
     _lib = lib
     return lib, ""
@@ -110,8 +115,16 @@ class NativeChannel:
                     raise NativeRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
                 self._running += 1
             try:
-                code = lib.dh_grpc_unary(h, name, data, len(data), timeout_ns, key, value, c.byref(out), c.byref(n),
-                                         msg, len(msg))
+                call_h = lib.dh_grpc_start(h, name, data, len(data), timeout_ns, key, value)
+                try:
+                    while not lib.dh_grpc_wait(call_h, _WAIT_SLICE_NS):
+                        pass
+                except BaseException:  # KeyboardInterrupt between slices: end the call, then raise
+                    lib.dh_grpc_cancel(call_h)
+                    lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
+                    lib.dh_grpc_free(out)
+                    raise
+                code = lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
             finally:
                 with self._cond:
                     self._running -= 1
