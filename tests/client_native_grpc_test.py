@@ -2,9 +2,9 @@
 grpcio's (transport="grpcio") on a real CPU server: the installed package carries and loads the
 library, "auto" takes it, every mode's answers are the same bytes both ways, errors keep their
 codes and messages, a deadline (against a slow fake server) and an unreachable target end the call
-in bounded time, Ctrl-C interrupts a waiting call, close() cancels the calls running, a forked child calls through grpcio and
-leaves the parent's connection intact, threads share one client, and the options
-refuse what the native call cannot do. Tiny shapes; seconds."""
+in bounded time, Ctrl-C interrupts a waiting call, close() cancels the calls running, a forked
+child calls through grpcio and leaves the parent's connection intact, threads share one client,
+and the options refuse what the native call cannot do. Tiny shapes; seconds."""
 
 import os
 import signal
