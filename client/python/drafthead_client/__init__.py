@@ -176,7 +176,7 @@ class _HeadBase:
 
         transport (the blocking client's ComputeLogits over gRPC; the asyncio client always uses
         grpcio): "auto" (default) makes those calls through libdrafthead_grpc.so, the system's gRPC
-        C++ library on the caller's thread (0.5-0.8 ms less a call than grpcio on the GPU host,
+        C++ library on the caller's thread (80-180 us less a call than grpcio on an H100 host,
         docs/client.md), where it loads and the channel is plain (no TLS, one target), else through
         grpcio; "grpcio": always grpcio; "native": the library or a ValueError saying why not."""
         if lane not in ("auto", "off", "required"):
