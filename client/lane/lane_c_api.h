@@ -84,7 +84,7 @@ int64_t dh_lane_call_stream(dh_lane* lane, const void* request, uint64_t hidden,
 int dh_lane_stream_synchronize(dh_lane* lane, int64_t timeout_ns, char* msg, size_t msg_len);
 /* The copy kernel of stream-ordered calls (lane_cuda.h SetCopyKernel: a call's rows and fence in
  * one launch, its answer and consumed word in another, instead of two libcuda calls each; loaded
- * at dh_lane_cuda_attach, off until turned on): use > 0 turns it on where it loaded, 0 off, < 0
+ * at dh_lane_cuda_attach, and on from then): use > 0 turns it on where it loaded, 0 off, < 0
  * asks. Returns 1 while in use, else 0; msg: why it is not loaded (empty when it is). */
 int dh_lane_cuda_copy_kernel(dh_lane* lane, int use, char* msg, size_t msg_len);
 

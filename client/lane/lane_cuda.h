@@ -59,7 +59,7 @@ class LaneCuda {
   // The copy kernel (lane_copy.cu; loaded at Attach where the library has it and the driver takes
   // it): a call's rows and its fence word in one launch, its answer's pieces and the consumed word
   // in another, instead of a libcuda copy and a stream write each (up to kKernelCopyMax bytes, and
-  // from the context current at Attach; otherwise the libcuda calls). Off until turned on. use > 0:
+  // from the context current at Attach; otherwise the libcuda calls). On once loaded. use > 0:
   // on where loaded, 0: off, < 0: unchanged. Returns whether it is in use; *why: why it is not
   // loaded ("" if it is).
   bool SetCopyKernel(int use, std::string* why);

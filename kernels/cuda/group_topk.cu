@@ -108,12 +108,16 @@ __global__ void __launch_bounds__(kReduceThreads) GroupScan(const float* __restr
   }
 }
 
-// One row's merge by the whole CTA (GroupMerge's body).
-__device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_valid, int32_t id_base,
-                         const ReduceRow& r, int64_t row, uint8_t* __restrict__ payload,
-                         const uint8_t* __restrict__ scratch) {
+__global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __restrict__ y, int64_t ldy,
+                                                             int64_t n_valid, int32_t id_base,
+                                                             const ReduceRow* __restrict__ rows,
+                                                             uint8_t* __restrict__ payload,
+                                                             const uint8_t* __restrict__ scratch) {
+  WaitForPrerequisites();
+  const ReduceRow r = rows[blockIdx.x];
+  if (!GroupRow(r)) return;
   const int64_t ng = Groups(n_valid);
-  const GroupRec* recs = reinterpret_cast<const GroupRec*>(scratch) + row * ng;
+  const GroupRec* recs = reinterpret_cast<const GroupRec*>(scratch) + static_cast<int64_t>(blockIdx.x) * ng;
   const float* src = y + static_cast<int64_t>(r.y_row) * ldy;
   uint8_t* out = payload + r.out_offset;
   __shared__ TopKShared sh;
@@ -197,30 +201,6 @@ __device__ void MergeRow(const float* __restrict__ y, int64_t ldy, int64_t n_val
   if (threadIdx.x == 0) WritePartial(out, gmax, isfinite(gmax) ? static_cast<float>(total) : 0.f);
 }
 
-__global__ void __launch_bounds__(kReduceThreads) GroupMerge(const float* __restrict__ y, int64_t ldy,
-                                                             int64_t n_valid, int32_t id_base,
-                                                             const ReduceRow* __restrict__ rows,
-                                                             uint8_t* __restrict__ payload,
-                                                             const uint8_t* __restrict__ scratch) {
-  WaitForPrerequisites();
-  const ReduceRow r = rows[blockIdx.x];
-  if (!GroupRow(r)) return;
-  MergeRow(y, ldy, n_valid, id_base, r, blockIdx.x, payload, scratch);
-}
-
-cudaError_t LaunchScan(const float* y, int64_t ldy, int64_t n_valid, int32_t id_base, const ReduceRow* rows,
-                       int nrows, uint8_t* recs, cudaStream_t stream) {
-  const int64_t ng = std::max<int64_t>(1, Groups(n_valid));
-  constexpr int kWarps = kReduceThreads / 32;
-  // Four groups a warp where rows are many (fewer CTAs, more loads in flight each); one where
-  // they are few (every SM busy). The records do not depend on it.
-  if (nrows >= 8)
-    return LaunchDependent(GroupScan<4>, dim3(static_cast<unsigned>((ng + 4 * kWarps - 1) / (4 * kWarps)), nrows),
-                           dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs);
-  return LaunchDependent(GroupScan<1>, dim3(static_cast<unsigned>((ng + kWarps - 1) / kWarps), nrows),
-                         dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs);
-}
-
 }  // namespace
 
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows) {
@@ -234,8 +214,18 @@ cudaError_t LaunchGroupTopK(const float* y, int64_t ldy, int64_t n_valid, int32_
   if (n_valid < 0 || n_valid > kGroupMaxCols || scratch == nullptr ||
       scratch_bytes < GroupTopKScratchBytes(n_valid, nrows) || (reinterpret_cast<uintptr_t>(scratch) & 7u) != 0)
     return cudaErrorInvalidValue;
+  const int64_t ng = std::max<int64_t>(1, Groups(n_valid));
   auto* recs = static_cast<uint8_t*>(scratch);
-  DH_CUDA_TRY(LaunchScan(y, ldy, n_valid, id_base, rows, nrows, recs, stream));
+  constexpr int kWarps = kReduceThreads / 32;
+  // Four groups a warp where rows are many (fewer CTAs, more loads in flight each); one where
+  // they are few (every SM busy). The records do not depend on it.
+  if (nrows >= 8) {
+    DH_CUDA_TRY(LaunchDependent(GroupScan<4>, dim3(static_cast<unsigned>((ng + 4 * kWarps - 1) / (4 * kWarps)), nrows),
+                                dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs));
+  } else {
+    DH_CUDA_TRY(LaunchDependent(GroupScan<1>, dim3(static_cast<unsigned>((ng + kWarps - 1) / kWarps), nrows),
+                                dim3(kReduceThreads), 0, stream, y, ldy, n_valid, id_base, rows, recs));
+  }
   return LaunchDependent(GroupMerge, dim3(nrows), dim3(kReduceThreads), 0, stream, y, ldy, n_valid,
                          id_base, rows, payload, static_cast<const uint8_t*>(recs));
 }

@@ -7,10 +7,11 @@
 // arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine;
 // for a step launched behind another, the copy engine on a second stream into the other of two
 // device buffers, overlapping that step's GEMV), and, for kHost, the payload: written by the
-// epilogue into pinned memory when small, else one download; one stream synchronization per Run. Events between the stages time them
-// (stage_times). The step's launches are captured once per shape (rows, epilogue kernels, bytes
-// back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS rows run eagerly); the kernels are
-// programmatic dependents of the one before (kernels/cuda/dependent_launch.cuh).
+// epilogue into pinned memory when small, else one download; one stream synchronization per Run.
+// Events between the stages time them (stage_times). The step's launches are captured once per
+// shape (rows, epilogue kernels, bytes back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS
+// rows run eagerly); the kernels are programmatic dependents of the one before
+// (kernels/cuda/dependent_launch.cuh).
 //
 // Threads: one caller at a time (whoever drives the rank's engine); every entry point makes the
 // device current first, so the caller need not. Failure: absl::Status naming the failing

@@ -13,10 +13,11 @@ import ctypes
 import os
 import struct
 import threading
-from pathlib import Path
 from typing import Any, Callable, List, NoReturn, Optional
 
 import numpy as np
+
+from . import _native_libs
 
 __all__ = ["Lane", "LaneAnswer", "load_library", "local_host_id", "LaneUnavailable"]
 
@@ -59,21 +60,12 @@ def load_library() -> ctypes.CDLL:
     global _lib
     if _lib is not None:
         return _lib
-    here = Path(__file__).resolve().parent
-    candidates = [here / "_native" / "libdrafthead_lane.so"]
-    if os.environ.get("DRAFTHEAD_LANE_LIB"):
-        candidates.insert(0, Path(os.environ["DRAFTHEAD_LANE_LIB"]))
-    # Running from a source checkout: <repo>/client/python/drafthead_client -> <repo>/build*/client.
-    repo = here.parent.parent.parent
-    candidates += sorted(repo.glob("build*/client/libdrafthead_lane.so"))
-    for path in candidates:
-        if path.is_file():
-            lib = ctypes.CDLL(str(path))
-            break
-    else:
+    path = _native_libs.find("libdrafthead_lane.so", "DRAFTHEAD_LANE_LIB")
+    if path is None:
         raise LaneUnavailable("FAILED_PRECONDITION",
                               "libdrafthead_lane.so not found (install the wheel, or build the "
                               "drafthead_lane_c target, or set DRAFTHEAD_LANE_LIB)")
+    lib = ctypes.CDLL(str(path))
     c = ctypes
     if not hasattr(lib, "dh_lane_abi_version") or lib.dh_lane_abi_version() != _ABI_VERSION:
         raise LaneUnavailable("FAILED_PRECONDITION", f"{path} is another version of libdrafthead_lane.so "

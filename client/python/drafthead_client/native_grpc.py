@@ -8,10 +8,11 @@ is missing, load_library says why and the client keeps grpcio."""
 import ctypes
 import os
 import threading
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import grpc
+
+from . import _native_libs
 
 _ABI_VERSION = 2
 _WAIT_SLICE_NS = 200_000_000  # signals (Ctrl-C) are seen between slices, as with grpcio
@@ -40,12 +41,7 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
     global _lib, _why_not
     if _lib is not None or _why_not:
         return _lib, _why_not
-    here = Path(__file__).resolve().parent
-    candidates = [here / "_native" / "libdrafthead_grpc.so"]
-    if os.environ.get("DRAFTHEAD_GRPC_LIB"):
-        candidates.insert(0, Path(os.environ["DRAFTHEAD_GRPC_LIB"]))
-    candidates += sorted(here.parent.parent.parent.glob("build*/client/libdrafthead_grpc.so"))
-    path = next((p for p in candidates if p.is_file()), None)
+    path = _native_libs.find("libdrafthead_grpc.so", "DRAFTHEAD_GRPC_LIB")
     if path is None:
         _why_not = "libdrafthead_grpc.so not found (the wheel carries it where it was built with gRPC C++)"
         return None, _why_not
