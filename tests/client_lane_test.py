@@ -234,7 +234,7 @@ class ClientLaneTest(RealServerTestCase):
         with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
             ln = head.lane()
             lib, h = ln._lib, ln._h
-            self.assertEqual(lib.dh_lane_abi_version(), 4)
+            self.assertEqual(lib.dh_lane_abi_version(), 5)
             msg = ctypes.create_string_buffer(512)
             depth = lib.dh_lane_depth(h)
             seqs = []
@@ -272,6 +272,8 @@ class ClientLaneTest(RealServerTestCase):
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
             self.assertEqual(lib.dh_lane_cuda_copy_kernel(h, -1, msg, len(msg)), 0)  # not attached: off, and why
+            self.assertIn(b"dh_lane_cuda_attach", msg.value)
+            self.assertEqual(lib.dh_lane_cuda_host_io(h, 1, msg, len(msg)), 0)  # likewise
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on
 

@@ -4,7 +4,8 @@ DRAFTHEAD_BIN_DIR), every mode over the lane's CUDA arenas -- waiting on the hos
 stream-ordered (wait=False, then synchronize) -- equals lane="off" (gRPC, host copies) bit for bit;
 rows produced by a slow kernel just before the call are read only after it (the fence); the
 library's copy kernel (rows and fence in one launch, the answer and consumed word in another) and its
-libcuda copies give the same answers, in turns; an error
+libcuda copies give the same answers, in turns, each with host IO (rows into the host arena, token
+answers inline in the completion) and without (the CUDA arenas both ways); an error
 raises at once with wait=True and at synchronize() with wait=False. REPEAT (default 50) rounds of
 random inputs, as GPU tests run here: a flaky answer is a race until shown otherwise."""
 
@@ -70,6 +71,21 @@ class LaneCudaTest(unittest.TestCase):
         used, why = self.lane.lane().copy_kernel(on)
         self.assertEqual(used, on, why)
 
+    def ways(self, copy_kernel, host_io):
+        """The copy kernel and host IO on or off (both available: the library here has CUDA)."""
+        self.copy_kernel(copy_kernel)
+        used, why = self.lane.lane().host_io(host_io)
+        self.assertEqual(used, host_io, why)
+
+    def restore_ways(self):
+        self.copy_kernel(True)
+        self.lane.lane().host_io(False)  # the library's default
+
+    def test_host_io_is_available(self):
+        used, why = self.lane.lane().host_io()
+        self.assertEqual(why, "")
+        self.assertFalse(used)  # off by default
+
     def test_the_copy_kernel_is_loaded_and_on(self):
         used, why = self.lane.lane().copy_kernel()  # asks: on by default wherever it loaded
         self.assertTrue(used, why)
@@ -77,9 +93,9 @@ class LaneCudaTest(unittest.TestCase):
 
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
-        self.addCleanup(self.copy_kernel, True)  # the default
+        self.addCleanup(self.restore_ways)
         for i in range(REPEAT):
-            self.copy_kernel(i % 4 < 2)  # every mode, size and wait both ways with and without it
+            self.ways(i % 4 < 2, i % 8 < 4)  # every mode, size and wait both ways, each way
             rows = [1, 5, 16, 64, 70][i % 5]  # 70 > max_rows: two calls
             dtype = torch.bfloat16 if i % 3 else torch.float32
             x = torch.randn(rows, self.K, device="cuda", generator=g).to(dtype)
@@ -105,7 +121,9 @@ class LaneCudaTest(unittest.TestCase):
         # (chunks at their row offsets), wait=True and wait=False; wrong tensors refused by name.
         g = torch.Generator(device="cuda").manual_seed(2)
         V = self.grpc.info()["vocab_size"]
+        self.addCleanup(self.restore_ways)
         for i in range(REPEAT):
+            self.ways(i % 4 < 2, i % 8 < 4)
             rows = [1, 5, 16, 64, 70][i % 5]
             x = torch.randn(rows, self.K, device="cuda", generator=g).to(torch.bfloat16)
             wait = i % 2 == 0
@@ -147,9 +165,9 @@ class LaneCudaTest(unittest.TestCase):
         # answer's copy-out: the lane's consumed words).
         depth = self.lane.lane()._depth
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-        self.addCleanup(self.copy_kernel, True)  # the default
+        self.addCleanup(self.restore_ways)
         for i in range(REPEAT):
-            self.copy_kernel(i % 2 == 0)
+            self.ways(i % 2 == 0, i % 4 < 2)
             xs = [torch.randn(1 + j % 7, self.K, device="cuda").to(torch.bfloat16) for j in range(3 * depth)]
             torch.cuda.synchronize()
             got = []
@@ -168,9 +186,9 @@ class LaneCudaTest(unittest.TestCase):
     def test_rows_written_just_before_the_call_are_fenced(self):
         # The rows come out of work still queued on the stream when the call is made: the server
         # must wait for the stream's fence, not read stale rows.
-        self.addCleanup(self.copy_kernel, True)  # the default
+        self.addCleanup(self.restore_ways)
         for i in range(REPEAT):
-            self.copy_kernel(i % 4 < 2)
+            self.ways(i % 4 < 2, i % 8 < 4)
             x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
             want = self.grpc.topk(x, 4)
             torch.cuda.synchronize()

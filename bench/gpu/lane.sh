@@ -14,6 +14,8 @@
 #         PROFILE=N: then N stream-ordered calls under cProfile (where a call's host time goes).
 # transport: the Python client's gRPC call through grpcio against the native library
 #         (lane_python_bench.py --transports), beside the C++ load tester's p50 of M=5 TOP_K.
+# hostio: the Python lane's two ways for torch CUDA tensors, its CUDA arenas against host IO (rows
+#         into the host arena, token answers inline), alternating rounds (lane_python_bench.py --host-io).
 # pieces: the host time of each piece of a stream-ordered Python call (torch ops, libcuda calls)
 #         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
 # mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
@@ -120,6 +122,12 @@ run_set() {  # TITLE
       timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --transports --rounds="$rounds" \
         --seconds=1 2>&1 | tail -7
       stamp "transport $1"
+    fi
+    if want hostio; then
+      echo
+      timeout 300 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --host-io --rounds="$rounds" \
+        --seconds=1 2>&1 | tail -10
+      stamp "hostio $1"
     fi
     if want pieces; then
       echo

@@ -13,6 +13,9 @@ synchronise every 8 calls), the 20 largest self times: where the host time of a 
 client makes, the libcuda calls its library makes, via ctypes), N calls each, beside the whole call
 (with the library's copy kernel and without: Lane.copy_kernel):
 what the 30 us budget a call is spent on, without a profiler's overhead.
+--host-io: the lane only, its CUDA arenas against host IO (Lane.host_io: rows into the host arena,
+token answers inline in the completion), alternating rounds: synchronised p50 and stream-ordered
+host time with out=, M = 1, 5, 16, 64 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
 (transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
 TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
@@ -68,6 +71,7 @@ def main():
     ap.add_argument("--profile", type=int, default=0, help="stream-ordered M=5 TOP_K calls to profile")
     ap.add_argument("--pieces", type=int, default=0, help="calls a piece in the host-time breakdown")
     ap.add_argument("--transports", action="store_true", help="grpcio vs the native unary call only")
+    ap.add_argument("--host-io", action="store_true", help="the lane's CUDA arenas vs host IO only")
     args = ap.parse_args()
     if args.transports:
         transports(args.target, args.seconds, args.rounds)
@@ -121,6 +125,11 @@ def main():
             return grpc.argmax(x)
         return grpc.logits(x, dtype="bf16")
 
+    if args.host_io:
+        host_io_ab(lane, K, info["vocab_size"], dev, args.seconds, args.rounds, args.ms)
+        lane.close()
+        grpc.close()
+        return
     if args.pieces > 0:
         pieces(lane, K, dev, args.pieces)
         lane.close()
@@ -251,7 +260,7 @@ def pieces(head, K, dev, n):
             lane.copy_kernel(way)
             for i, (label, fn) in enumerate(rows[:3]):
                 per.setdefault((i, way), []).append(each(fn, True, max(1, n // rounds)))
-    lane.copy_kernel(False)  # the library's default
+    lane.copy_kernel(True)  # the library's default
     print(f"\n| piece of a stream-ordered M=5 TOP_K call ({n} calls; whole calls: {rounds} alternating rounds) "
           "| host us (median of the rounds) | the rounds' medians |")
     print("| --- | --- | --- |")
@@ -264,6 +273,47 @@ def pieces(head, K, dev, n):
         print(f"| (the copy kernel is not in use: {why}) | | |")
     for label, fn in rows[3:]:
         print(f"| {label} | {each(fn, False):.1f} | |", flush=True)
+
+
+def host_io_ab(head, K, V, dev, seconds, rounds, ms):
+    """The lane's two ways for a GPU caller, alternating rounds (median of the rounds' p50s)."""
+    x0 = torch.randn(1, K, device=dev).to(torch.bfloat16)
+    head.topk(x0, 8)  # opens the lane with its CUDA arenas
+    lane = head.lane(cuda_device=dev)
+    on, why = lane.host_io(True)
+    if not on:
+        print(f"\n(host IO is not available: {why})")
+        return
+    cases = [("topk", m) for m in map(int, ms.split(","))] + [("argmax", 1), ("full", 5)]
+    print("\n| Python, torch CUDA, over the lane | CUDA arenas p50 us | host IO p50 us | host IO / arenas | "
+          "host us a call, wait=False out=: arenas / host IO | rounds' p50s (arenas; host IO) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mode, m in cases:
+        x = torch.randn(m, K, device=dev).to(torch.bfloat16)
+        out = {"topk": lambda: (torch.empty(m, 8, dtype=torch.int64, device=dev), torch.empty(m, 8, device=dev)),
+               "argmax": lambda: (torch.empty(m, dtype=torch.int64, device=dev), torch.empty(m, device=dev)),
+               "full": lambda: torch.empty(m, V, dtype=torch.bfloat16, device=dev)}[mode]()
+
+        def call(wait, o=None):
+            if mode == "topk":
+                return head.topk(x, 8, wait=wait, out=o)
+            if mode == "argmax":
+                return head.argmax(x, wait=wait, out=o)
+            return head.logits(x, dtype="bf16", wait=wait, out=o)
+
+        sync, host = {False: [], True: []}, {False: [], True: []}
+        for _ in range(rounds):
+            for way in (False, True):
+                lane.host_io(way)
+                sync[way].append(p(timed(lambda: call(True), seconds), 0.5))
+                host[way].append(p(timed(lambda: call(False, out), seconds, sync=False), 0.5))
+                head.synchronize()
+        a, b = statistics.median(sync[False]), statistics.median(sync[True])
+        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {statistics.median(host[False]):.1f} / "
+              f"{statistics.median(host[True]):.1f} | {' '.join(f'{v:.0f}' for v in sync[False])}; "
+              f"{' '.join(f'{v:.0f}' for v in sync[True])} |", flush=True)
+    lane.host_io(False)  # the library's default
 
 
 def transports(target, seconds, rounds):

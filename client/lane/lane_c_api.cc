@@ -148,6 +148,17 @@ DH_EXPORT int dh_lane_cuda_copy_kernel(dh_lane* l, int use, char* msg, size_t ms
   return on ? 1 : 0;
 }
 
+DH_EXPORT int dh_lane_cuda_host_io(dh_lane* l, int use, char* msg, size_t msg_len) {
+  if (l->cuda == nullptr) {
+    Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
+    return 0;
+  }
+  std::string why;
+  const bool on = l->cuda->SetHostIo(use, &why);
+  Report(LaneError{0, why}, msg, msg_len);
+  return on ? 1 : 0;
+}
+
 DH_EXPORT int dh_lane_stream_synchronize(dh_lane* l, int64_t timeout_ns, char* msg, size_t msg_len) {
   if (l->cuda == nullptr) return 0;  // no stream-ordered call was ever made
   return Report(l->cuda->Synchronize(Deadline(timeout_ns)), msg, msg_len);

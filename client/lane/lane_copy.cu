@@ -17,16 +17,16 @@ extern "C" __global__ void __launch_bounds__(512) dh_lane_copy(drafthead::lane::
       const uint4* __restrict__ src = reinterpret_cast<const uint4*>(s);
       uint4* __restrict__ dst = reinterpret_cast<uint4*>(d);
 #pragma unroll 4
-      for (uint64_t i = t; i < b / 16; i += nt) dst[i] = src[i];
+      for (uint64_t i = t; i < b / 16; i += nt) dst[i] = a.fresh ? __ldcv(src + i) : src[i];
     } else if (((s | d | b) & 3) == 0) {
       const uint32_t* __restrict__ src = reinterpret_cast<const uint32_t*>(s);
       uint32_t* __restrict__ dst = reinterpret_cast<uint32_t*>(d);
 #pragma unroll 4
-      for (uint64_t i = t; i < b / 4; i += nt) dst[i] = src[i];
+      for (uint64_t i = t; i < b / 4; i += nt) dst[i] = a.fresh ? __ldcv(src + i) : src[i];
     } else {
       const uint8_t* src = reinterpret_cast<const uint8_t*>(s);
       uint8_t* dst = reinterpret_cast<uint8_t*>(d);
-      for (uint64_t i = t; i < b; i += nt) dst[i] = src[i];
+      for (uint64_t i = t; i < b; i += nt) dst[i] = a.fresh ? *reinterpret_cast<const volatile uint8_t*>(src + i) : src[i];
     }
   }
   if (a.word == 0) return;

@@ -2,8 +2,9 @@
 // caller's stream writes the request slot's fence word after its rows (cuStreamWriteValue32), and
 // waits on the completion's done_seq (cuStreamWaitValue32), both on the lane object mapped into
 // the device's address space (cuMemHostRegister). The host never waits for the GPU, the GPU never
-// waits for the host. libcuda's entry points are looked up at run time, so this library builds and
-// loads without CUDA.
+// waits for the host. With host IO (SetHostIo) the rows and token answers cross in host memory
+// mapped for the device too. libcuda's entry points are looked up at run time, so this library
+// builds and loads without CUDA.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ struct CudaApi {
   CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, uint32_t, unsigned) = nullptr;
   CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned) = nullptr;
   CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;  // host IO without the kernel
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   // The copy kernel's (optional: without them the library makes libcuda copies).
   CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
@@ -75,6 +77,7 @@ const CudaApi& Api() {
                     Find(lib, &a.MemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"}) &&
                     Find(lib, &a.GetErrorString, {"cuGetErrorString"});
     if (!ok) a.error = "libcuda.so.1 lacks the stream memory operations (cuStreamWaitValue32)";
+    Find(lib, &a.MemcpyAsync, {"cuMemcpyAsync"});  // not _ptsz: stream 0 is the legacy stream, as elsewhere here
     if (!(Find(lib, &a.CtxGetCurrent, {"cuCtxGetCurrent"}) && Find(lib, &a.ModuleLoadData, {"cuModuleLoadData"}) &&
           Find(lib, &a.ModuleGetFunction, {"cuModuleGetFunction"}) && Find(lib, &a.ModuleUnload, {"cuModuleUnload"}) &&
           Find(lib, &a.LaunchKernel, {"cuLaunchKernel"})))
@@ -97,6 +100,7 @@ LaneCuda::~LaneCuda() {
   if (watchdog_.joinable()) watchdog_.join();
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
   if (consumed_registered_) Api().MemHostUnregister(consumed_);
+  if (arena_registered_ != nullptr) Api().MemHostUnregister(arena_registered_);
   std::free(consumed_);
   if (module_ != nullptr) Api().ModuleUnload(module_);
 }
@@ -131,6 +135,42 @@ bool LaneCuda::SetCopyKernel(int use, std::string* why) {
   if (use >= 0) use_copy_kernel_ = use > 0 && copy_fn_ != nullptr;
   if (why != nullptr) *why = copy_fn_ != nullptr ? std::string() : copy_kernel_error_;
   return use_copy_kernel_;
+}
+
+bool LaneCuda::SetHostIo(int use, std::string* why) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (use >= 0) use_host_io_ = use > 0 && arena_device_ != 0;
+  if (why != nullptr) *why = arena_device_ != 0 ? std::string() : host_io_error_;
+  return use_host_io_;
+}
+
+void LaneCuda::RegisterHostArena() {
+  const CudaApi& api = Api();
+  if (api.MemcpyAsync == nullptr) {
+    host_io_error_ = "libcuda.so.1 lacks cuMemcpyAsync";
+    return;
+  }
+  const uint64_t hidden = uint64_t{ring_->depth()} * ring_->config().hidden_slot_bytes;
+  if (ring_->arena_key().empty() || hidden == 0) {
+    host_io_error_ = "the lane has no host arena";
+    return;
+  }
+  // The hidden areas lead the arena (LaneRing::hidden_area_offset); whole pages of its mapping.
+  const uint64_t bytes = std::min((hidden + 4095) / 4096 * 4096, (ring_->arena_bytes() + 4095) / 4096 * 4096);
+  void* base = ring_->hidden_area(0);
+  CUresult r = api.MemHostRegister(base, bytes, kHostRegisterPortable | kHostRegisterDeviceMap);
+  if (r != 0) {
+    host_io_error_ = CudaFailed("cuMemHostRegister of the host arena's hidden areas", r).message;
+    return;
+  }
+  arena_registered_ = base;
+  CUdeviceptr d = 0;
+  r = api.MemHostGetDevicePointer(&d, base, 0);
+  if (r != 0) {
+    host_io_error_ = CudaFailed("cuMemHostGetDevicePointer (the host arena)", r).message;
+    return;
+  }
+  arena_device_ = d;
 }
 
 int LaneCuda::LaunchCopy(const LaneCopyArgs& args, void* stream) {
@@ -172,6 +212,7 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   slot_stream_.assign(ring->depth(), nullptr);
   slot_consumed_.assign(ring->depth(), 0);
   LoadCopyKernel();  // optional: without it, libcuda copies
+  RegisterHostArena();  // optional: without it, no host IO
   // A stream waiting on an answer the server will never write would hang: once the server is
   // gone, answer what is outstanding here (UNAVAILABLE), which releases such streams.
   watchdog_ = std::thread([this] {
@@ -188,21 +229,29 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
 
 LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
                          int64_t deadline_ns, const CopyOut* copies, uint32_t n_copies, uint64_t* seq) {
+  std::lock_guard<std::mutex> l(mu_);
   LaneRequest r = d;
   r.flags |= kFlagHiddenFence;
-  r.hidden = LaneSlice{1, 0, 0, hidden_bytes};  // the slot's area of the CUDA hidden arena
+  // The slot's area of the host arena (region 0) with host IO, else of the CUDA hidden arena (1).
+  const bool host_rows = use_host_io_;
+  r.hidden = LaneSlice{host_rows ? 0u : 1u, 0, 0, hidden_bytes};
+  // A token answer the library copies out comes inline with host IO, where it fits.
+  const bool inline_answer = use_host_io_ && n_copies > 0 && r.mode != kModeFullLogits &&
+                             r.output.region != kNoRegion && r.output.offset == 0 &&
+                             r.output.byte_size <= ring_->inline_bytes();
+  if (inline_answer) r.output = LaneSlice{kNoRegion, 0, 0, 0};
   if (LaneError e = ring_->CheckSlotSlices(r); !e.ok()) return e;
   // The pieces to copy out, adjacent ones merged (a caller's tensors cut from one buffer: one copy).
   if (n_copies > kMaxCopies) return LaneError{3, "copies: at most " + std::to_string(kMaxCopies) + " pieces"};
   CopyOut merged[kMaxCopies];
   uint32_t n_merged = 0;
-  const uint64_t area = ring_->config().output_slot_bytes;
+  const uint64_t area = inline_answer ? d.output.byte_size : ring_->config().output_slot_bytes;
   for (uint32_t i = 0; i < n_copies; ++i) {
     const CopyOut& c = copies[i];
     if (c.offset > area || c.bytes > area - c.offset)
       return LaneError{3, "copies: piece " + std::to_string(i) + " (" + std::to_string(c.bytes) + " bytes at " +
-                              std::to_string(c.offset) + ") is outside the slot's output area of " +
-                              std::to_string(area) + " bytes"};
+                              std::to_string(c.offset) + ") is outside the slot's " +
+                              (inline_answer ? "answer of " : "output area of ") + std::to_string(area) + " bytes"};
     if (c.bytes == 0) continue;
     CopyOut* last = n_merged > 0 ? &merged[n_merged - 1] : nullptr;
     if (last != nullptr && last->dst + last->bytes == c.dst && last->offset + last->bytes == c.offset) {
@@ -211,7 +260,6 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       merged[n_merged++] = c;
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
   if (LaneError e = Settle(UINT64_MAX, deadline_ns); !e.ok()) return e;
   if (pending_.size() >= ring_->depth()) {
     if (LaneError e = Settle(pending_.front(), deadline_ns); !e.ok()) return e;
@@ -235,7 +283,8 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       return CudaFailed("cuStreamWaitValue32 (the slot's previous copy-out)", cr);
     }
   }
-  const uint64_t hidden_dst = hidden_arena_ + slot * ring_->config().hidden_slot_bytes;
+  const uint64_t hidden_dst = host_rows ? arena_device_ + ring_->hidden_area_offset(slot)
+                                       : hidden_arena_ + slot * ring_->config().hidden_slot_bytes;
   const uint64_t fence = device_base_ + ring_->fence_offset(n);
   if (CopyKernelUsable(hidden_bytes)) {
     // One launch: the rows, then the fence word after them.
@@ -248,10 +297,11 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       return CudaFailed("cuLaunchKernel (the rows into the lane's arena and the fence)", cr);
     }
   } else {
-    cr = api.MemcpyDtoDAsync(hidden_dst, hidden, hidden_bytes, stream);
+    cr = host_rows ? api.MemcpyAsync(hidden_dst, hidden, hidden_bytes, stream)
+                   : api.MemcpyDtoDAsync(hidden_dst, hidden, hidden_bytes, stream);
     if (cr != 0) {
       ring_->Cancel(n);
-      return CudaFailed("cuMemcpyDtoDAsync (the rows into the lane's arena)", cr);
+      return CudaFailed("cuMemcpyAsync (the rows into the lane's arena)", cr);
     }
     // The fence after the copy, on the same stream: the server reads the rows once it sees it.
     cr = api.StreamWriteValue32(stream, fence, static_cast<uint32_t>(n + 1), 0);
@@ -270,19 +320,24 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   uint64_t out_bytes = 0;
   for (uint32_t i = 0; i < n_merged; ++i) out_bytes += merged[i].bytes;
   static_assert(kMaxCopies <= kLaneCopyPieces, "the copy kernel takes every merged piece");
+  // The answer: inline in the slot's completion (host memory, mapped), or in its CUDA output area.
+  const uint64_t answer = inline_answer ? device_base_ + ring_->done_offset(n) + kCompletionHeaderBytes
+                                        : output_arena_ + slot * ring_->config().output_slot_bytes;
   if (n_merged > 0 && CopyKernelUsable(out_bytes)) {
     // One launch: the pieces, then the consumed word after them.
     LaneCopyArgs a{};
     for (uint32_t i = 0; i < n_merged; ++i)
-      a.src[i] = output_arena_ + slot * area + merged[i].offset, a.dst[i] = merged[i].dst, a.bytes[i] = merged[i].bytes;
+      a.src[i] = answer + merged[i].offset, a.dst[i] = merged[i].dst, a.bytes[i] = merged[i].bytes;
     a.n = n_merged, a.word = consumed, a.value = static_cast<uint32_t>(n + 1);
+    a.fresh = inline_answer ? 1 : 0;  // the server wrote it from the host after this slot's last call
     cr = LaunchCopy(a, stream);
     if (cr != 0) return CudaFailed("cuLaunchKernel (the answer out of the lane's arena and the consumed word)", cr);
     slot_consumed_[slot] = n + 1;
   } else if (n_merged > 0) {
     for (uint32_t i = 0; i < n_merged; ++i) {
-      cr = api.MemcpyDtoDAsync(merged[i].dst, output_arena_ + slot * area + merged[i].offset, merged[i].bytes, stream);
-      if (cr != 0) return CudaFailed("cuMemcpyDtoDAsync (the answer out of the lane's arena)", cr);
+      cr = inline_answer ? api.MemcpyAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream)
+                         : api.MemcpyDtoDAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream);
+      if (cr != 0) return CudaFailed("cuMemcpyAsync (the answer out of the lane)", cr);
     }
     cr = api.StreamWriteValue32(stream, consumed, static_cast<uint32_t>(n + 1), 0);
     if (cr != 0) return CudaFailed("cuStreamWriteValue32 (the answer's consumed word)", cr);

@@ -65,12 +65,24 @@ class LaneCuda {
   bool SetCopyKernel(int use, std::string* why);
   static constexpr uint64_t kKernelCopyMax = 256 * 1024;
 
+  // Host IO: a call's rows go into the slot's area of the host arena (registered with the device
+  // at Attach) instead of its CUDA hidden area, and a token answer (TOP_K, ARGMAX, SAMPLE) the
+  // library copies out comes back inline in the slot's completion instead of the CUDA output area:
+  // both crossed by the caller's own GPU work (the copy kernel's stores to and loads from mapped
+  // host memory, or libcuda copies), so the server reads and writes only host memory and makes no
+  // CUDA call for the call's data (the CUDA arenas cost it a synchronous copy each way). FULL_LOGITS
+  // stays in the CUDA output area, and so does an answer larger than the inline bytes or with no
+  // copies asked for. use > 0: on where the host arena registered, 0: off, < 0: unchanged. Returns
+  // whether it is in use; *why: why it is not available ("" if it is).
+  bool SetHostIo(int use, std::string* why);
+
  private:
   // Releases the answered calls, oldest first, keeping the first failure in deferred_; blocks for
   // each one up to `through` (UINT64_MAX: none). A wait that fails drops its call (abandoned).
   LaneError Settle(uint64_t through, int64_t deadline_ns);
   LaneError TakeDeferred();
   void LoadCopyKernel();
+  void RegisterHostArena();  // host IO's registration (SetHostIo); sets host_io_error_ if it fails
   bool CopyKernelUsable(uint64_t bytes) const;
   int LaunchCopy(const LaneCopyArgs& args, void* stream);  // a CUresult
   static constexpr unsigned kCopyThreads = 512;  // the kernel's one CTA
@@ -95,6 +107,11 @@ class LaneCuda {
   void* module_ = nullptr;    // CUmodule of the copy kernel; nullptr: not loaded
   void* copy_fn_ = nullptr;   // its CUfunction
   bool use_copy_kernel_ = false;  // on once loaded at Attach; guarded by mu_ after Attach
+  // Host IO (SetHostIo): the host arena's hidden areas registered with the device at Attach.
+  void* arena_registered_ = nullptr;
+  unsigned long long arena_device_ = 0;  // the device address of hidden_area(0); 0: not registered
+  bool use_host_io_ = false;             // guarded by mu_ after Attach
+  std::string host_io_error_;            // why it is not available
   std::string copy_kernel_error_;  // why it is not loaded
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

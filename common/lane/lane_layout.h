@@ -38,6 +38,7 @@ inline constexpr uint32_t kMaxInlineBytes = 1u << 20;
 inline constexpr uint32_t kCompletionHeaderBytes = 512;
 inline constexpr uint32_t kMessageBytes = 384;
 inline constexpr uint32_t kNoRegion = 0xffffffffu;  // LaneSlice::region of an absent slice
+inline constexpr uint8_t kModeFullLogits = 0;  // LaneRequest::mode of FULL_LOGITS (the proto's Mode numbers)
 
 // LaneHeader::server_state.
 enum LaneServerState : uint32_t {

@@ -31,7 +31,7 @@ _NO_REGION = 0xFFFFFFFF
 _FLAG_PROBS, _FLAG_FENCE, _FLAG_IDS64 = 1, 2, 4
 _DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
 _LAYOUT_VERSION = 1
-_ABI_VERSION = 4  # DH_LANE_ABI_VERSION (lane_c_api.h)
+_ABI_VERSION = 5  # DH_LANE_ABI_VERSION (lane_c_api.h)
 _NO_SLICE = (_NO_REGION, 0, 0)
 
 _TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
@@ -105,6 +105,7 @@ def load_library() -> ctypes.CDLL:
                                         c.c_int64, c.c_void_p, c.c_uint32, c.c_char_p, c.c_size_t]
     lib.dh_lane_stream_synchronize.argtypes = [c.c_void_p, c.c_int64, c.c_char_p, c.c_size_t]
     lib.dh_lane_cuda_copy_kernel.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
+    lib.dh_lane_cuda_host_io.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
     if lib.dh_lane_layout_version() != _LAYOUT_VERSION:
         raise LaneUnavailable("FAILED_PRECONDITION", "libdrafthead_lane.so speaks another layout version")
     _lib = lib
@@ -160,7 +161,8 @@ class Lane:
         self._vocab = info.vocab_size
         self._hidden_slot = _round_up(rows * info.hidden_size * 4, 4096)
         self._output_slot = _round_up(rows * info.vocab_size * 4, 4096)
-        inline = min(1 << 20, rows * max(1, info.max_top_k) * 12)
+        # Token answers inline: int64 ids, values and probs (16 bytes an entry) at the largest k.
+        inline = min(1 << 20, _round_up(rows * max(1, info.max_top_k) * 16, 64))
         code = ctypes.c_int(0)
         msg = ctypes.create_string_buffer(512)
         spin_ns = -1 if spin_us is None else spin_us * 1000
@@ -258,6 +260,17 @@ class Lane:
             return False, "no CUDA arenas on this lane"
         msg = self._msg()
         on = self._lib.dh_lane_cuda_copy_kernel(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
+        return bool(on), msg.value.decode(errors="replace")
+
+    def host_io(self, use: Optional[bool] = None) -> "tuple[bool, str]":
+        """Host IO for call_cuda: the rows cross into the lane's host arena and a token answer comes
+        back inline in the completion, both by the caller's own GPU work, so the server touches only
+        host memory (docs/lane.md); FULL_LOGITS keeps the CUDA arenas. use=True / False turns it on /
+        off, None asks. Returns (in use, why it is not available: "" when it is)."""
+        if self._h is None or not self.cuda:
+            return False, "no CUDA arenas on this lane"
+        msg = self._msg()
+        on = self._lib.dh_lane_cuda_host_io(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
         return bool(on), msg.value.decode(errors="replace")
 
     def close(self) -> None:
