@@ -79,12 +79,12 @@ class LaneCudaTest(unittest.TestCase):
 
     def restore_ways(self):
         self.copy_kernel(True)
-        self.lane.lane().host_io(False)  # the library's default
+        self.lane.lane().host_io(True)  # the library's default
 
     def test_host_io_is_available(self):
         used, why = self.lane.lane().host_io()
         self.assertEqual(why, "")
-        self.assertFalse(used)  # off by default
+        self.assertTrue(used)  # on by default
 
     def test_the_copy_kernel_is_loaded_and_on(self):
         used, why = self.lane.lane().copy_kernel()  # asks: on by default wherever it loaded

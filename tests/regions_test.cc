@@ -75,6 +75,36 @@ TEST(RegionsTest, ReadsAndWritesInsideARegionAtAnOffset) {
   EXPECT_EQ((*list)[0].accesses, 1u);
 }
 
+TEST(RegionsTest, WritesStridedRowsInsideTheSliceOnly) {
+  // What a FULL_LOGITS answer into a device region does (one strided copy a rank); here through a
+  // POSIX region, whose mapping writes row by row: the bytes between rows are left alone.
+  ScopedShm shm(4096);
+  std::memset(shm.data(), 0, shm.size());
+  RegionRegistry reg(SystemOn());
+  ASSERT_TRUE(reg.Register(Spec("r", shm, 0, 4096)).ok());
+  auto ref = reg.Find("r", "logits_region");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto acc = ref->Access(1000, 100, "logits_region");
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  uint8_t src[3 * 16];
+  for (size_t i = 0; i < sizeof(src); ++i) src[i] = static_cast<uint8_t>(i + 1);
+  // 3 rows of 10 bytes, 16 apart in the source, 30 apart from 20: [1020, 1030), [1050, ...), [1080, 1090).
+  ASSERT_TRUE(acc->WriteRows(20, 30, src, 16, 10, 3).ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(std::memcmp(shm.data() + 1020 + 30 * r, src + 16 * r, 10), 0) << "row " << r;
+    EXPECT_EQ(shm.data()[1030 + 30 * r], 0) << "after row " << r;
+  }
+  EXPECT_EQ(shm.data()[1019], 0);
+  // The last row's end exactly at the slice's end fits; one byte further, or rows wider than their
+  // pitch, or a pitch so large that the arithmetic would wrap, is refused before anything is written.
+  EXPECT_TRUE(acc->WriteRows(30, 30, src, 16, 10, 3).ok());
+  ExpectCode(acc->WriteRows(31, 30, src, 16, 10, 3), absl::StatusCode::kInvalidArgument, "outside");
+  ExpectCode(acc->WriteRows(0, 8, src, 16, 10, 2), absl::StatusCode::kInvalidArgument, "outside");
+  ExpectCode(acc->WriteRows(0, UINT64_MAX / 2, src, 16, 10, 3), absl::StatusCode::kInvalidArgument, "outside");
+  EXPECT_TRUE(acc->WriteRows(0, 30, src, 16, 10, 0).ok());  // nothing to write
+  EXPECT_EQ(shm.data()[1000], 0);
+}
+
 TEST(RegionsTest, RefusesBadInputWithItsCode) {
   ScopedShm shm(4096);
   RegionRegistry off(RegistryOptions{});

@@ -313,7 +313,7 @@ def host_io_ab(head, K, V, dev, seconds, rounds, ms):
         print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {statistics.median(host[False]):.1f} / "
               f"{statistics.median(host[True]):.1f} | {' '.join(f'{v:.0f}' for v in sync[False])}; "
               f"{' '.join(f'{v:.0f}' for v in sync[True])} |", flush=True)
-    lane.host_io(False)  # the library's default
+    lane.host_io(True)  # the library's default
 
 
 def transports(target, seconds, rounds):

@@ -90,7 +90,8 @@ int dh_lane_cuda_copy_kernel(dh_lane* lane, int use, char* msg, size_t msg_len);
 /* Host IO of stream-ordered calls (lane_cuda.h SetHostIo: the rows go into the slot's host arena
  * area, mapped for the device, and a token answer with copies comes inline in the completion, so
  * the server's side of the call is host memory only; FULL_LOGITS keeps the CUDA output arena):
- * use > 0 turns it on where the host arena registered at dh_lane_cuda_attach, 0 off, < 0 asks.
+ * on from dh_lane_cuda_attach where the host arena registered there; use > 0 turns it on where it
+ * did, 0 off, < 0 asks.
  * Returns 1 while in use, else 0; msg: why it is not available (empty when it is). */
 int dh_lane_cuda_host_io(dh_lane* lane, int use, char* msg, size_t msg_len);
 

@@ -171,6 +171,7 @@ void LaneCuda::RegisterHostArena() {
     return;
   }
   arena_device_ = d;
+  use_host_io_ = true;  // 0.65-0.92 of the CUDA arenas' synchronised call under MPS (docs/NOTES.md, session 19)
 }
 
 int LaneCuda::LaunchCopy(const LaneCopyArgs& args, void* stream) {

@@ -72,8 +72,8 @@ class LaneCuda {
   // host memory, or libcuda copies), so the server reads and writes only host memory and makes no
   // CUDA call for the call's data (the CUDA arenas cost it a synchronous copy each way). FULL_LOGITS
   // stays in the CUDA output area, and so does an answer larger than the inline bytes or with no
-  // copies asked for. use > 0: on where the host arena registered, 0: off, < 0: unchanged. Returns
-  // whether it is in use; *why: why it is not available ("" if it is).
+  // copies asked for. On once the host arena registered at Attach. use > 0: on where it did, 0:
+  // off, < 0: unchanged. Returns whether it is in use; *why: why it is not available ("" if it is).
   bool SetHostIo(int use, std::string* why);
 
  private:

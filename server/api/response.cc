@@ -5,10 +5,28 @@
 #include <cstring>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/shard_reduce.h"
 #include "kernels/numeric.h"
 
 namespace drafthead {
+namespace {
+
+// The answer's fields other than its values; FULL_LOGITS: returns the bytes of a logit (else 0).
+size_t SetAnswerFields(const PreparedRequest& req, const ShardGeometry& geo, v1::LogitsResponse* resp) {
+  resp->set_request_id(req.request_id);
+  resp->set_rows(req.rows);
+  resp->set_vocab_size(static_cast<uint32_t>(geo.vocab_size));
+  if (req.task.mode != RowMode::kFullLogits) {
+    resp->set_logits_dtype(v1::FP32);
+    return 0;
+  }
+  const bool bf16 = req.task.dtype == OutDType::kBf16;
+  resp->set_logits_dtype(bf16 ? v1::BF16 : v1::FP32);
+  return bf16 ? 2 : 4;
+}
+
+}  // namespace
 
 void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLayout& layout,
                      const uint8_t* gathered, size_t per_rank_bytes, const ShardGeometry& geo,
@@ -16,12 +34,8 @@ void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLay
   const RowTask& t = req.task;
   const int tp = geo.tp;
   const int64_t S = geo.shard_rows, V = geo.vocab_size;
-  resp->set_request_id(req.request_id);
-  resp->set_rows(req.rows);
-  resp->set_vocab_size(static_cast<uint32_t>(V));
+  const size_t es = SetAnswerFields(req, geo, resp);
   if (t.mode == RowMode::kFullLogits) {
-    const size_t es = t.dtype == OutDType::kBf16 ? 2 : 4;
-    resp->set_logits_dtype(t.dtype == OutDType::kBf16 ? v1::BF16 : v1::FP32);
     uint8_t* out = logits_out;
     if (out == nullptr) {
       std::string* bytes = resp->mutable_logits();
@@ -39,7 +53,6 @@ void CombineResponse(const PreparedRequest& req, uint32_t row0, const PayloadLay
     }
     return;
   }
-  resp->set_logits_dtype(v1::FP32);
   const uint32_t k = t.k;
   std::vector<const Candidate*> lists(tp);
   std::vector<const SoftmaxPartial*> parts(tp);
@@ -98,12 +111,24 @@ absl::Status BuildResponse(const PreparedRequest& req, const BatchRowsResult& re
   auto access = dest.region.Access(dest.offset, dest.byte_size, "logits_region");
   if (!access.ok()) return access.status();
   uint8_t* host = access->host_data();
-  std::vector<uint8_t> staged(host == nullptr ? dest.byte_size : 0);
-  CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
-                  *result.geometry, resp, host != nullptr ? host : staged.data());
-  if (host == nullptr) {
-    absl::Status copied = access->Write(0, staged.data(), staged.size());
-    if (!copied.ok()) return copied;
+  if (host != nullptr) {
+    CombineResponse(req, result.row0, *result.layout, result.gathered, result.per_rank_bytes,
+                    *result.geometry, resp, host);
+  } else {
+    // Device memory: each rank's block of the rows in one strided copy straight from the gathered
+    // payload (pinned at tp = 1), not combined in a staging buffer first and copied again.
+    const ShardGeometry& geo = *result.geometry;
+    const size_t es = SetAnswerFields(req, geo, resp);
+    const PayloadLayout& layout = *result.layout;
+    const size_t first = layout.row_offset[result.row0];
+    const size_t pitch = layout.row_offset[result.row0 + 1] - first;  // one task: equal rows
+    for (int r = 0; r < geo.tp; ++r) {
+      const int64_t cols = geo.ForRank(r).valid_cols();
+      if (cols <= 0) continue;
+      DH_RETURN_IF_ERROR(access->WriteRows(static_cast<uint64_t>(r) * geo.shard_rows * es, geo.vocab_size * es,
+                                           result.gathered + r * result.per_rank_bytes + first, pitch,
+                                           static_cast<uint64_t>(cols) * es, req.rows));
+    }
   }
   SetTiming(result, resp);
   return absl::OkStatus();

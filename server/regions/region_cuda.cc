@@ -44,6 +44,14 @@ class CudaIpcMapping final : public RegionMapping {
   absl::Status Write(uint64_t offset, const void* host_src, size_t n) override {
     return Copy(data_ + offset, host_src, n, cudaMemcpyHostToDevice);
   }
+  absl::Status WriteRows(uint64_t offset, uint64_t dst_pitch, const void* host_src, uint64_t src_pitch,
+                         uint64_t width, uint64_t rows) override {
+    DH_CUDA_RETURN_IF_ERROR(cudaSetDevice(serving_), 0);
+    DH_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(data_ + offset, dst_pitch, host_src, src_pitch, width, rows,
+                                              cudaMemcpyHostToDevice, cudaStreamPerThread), 0);
+    DH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamPerThread), 0);
+    return absl::OkStatus();
+  }
 
  private:
   absl::Status Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {

@@ -1,5 +1,6 @@
 #include "server/regions/region_registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -133,6 +134,25 @@ absl::Status RegionAccess::Write(uint64_t at, const void* host_src, size_t n) co
     return absl::InvalidArgumentError(absl::StrCat("write of [", at, ", +", n, ") outside a ",
                                                    size_, "-byte slice"));
   return mapping_->Write(offset_ + at, host_src, n);
+}
+
+absl::Status RegionAccess::WriteRows(uint64_t at, uint64_t dst_pitch, const void* host_src, uint64_t src_pitch,
+                                     uint64_t width, uint64_t rows) const {
+  if (rows == 0 || width == 0) return absl::OkStatus();
+  // The last row's end: at + (rows - 1) x dst_pitch + width, each step checked against the slice.
+  const bool fits = width <= dst_pitch && (rows - 1) <= (size_ - std::min(size_, at)) / dst_pitch &&
+                    SliceFits(at + (rows - 1) * dst_pitch, width, size_);
+  if (!fits)
+    return absl::InvalidArgumentError(absl::StrCat("write of ", rows, " rows of ", width, " bytes ", dst_pitch,
+                                                   " apart from ", at, " outside a ", size_, "-byte slice"));
+  return mapping_->WriteRows(offset_ + at, dst_pitch, host_src, src_pitch, width, rows);
+}
+
+absl::Status RegionMapping::WriteRows(uint64_t offset, uint64_t dst_pitch, const void* host_src, uint64_t src_pitch,
+                                      uint64_t width, uint64_t rows) {
+  const auto* src = static_cast<const uint8_t*>(host_src);
+  for (uint64_t i = 0; i < rows; ++i) DH_RETURN_IF_ERROR(Write(offset + i * dst_pitch, src + i * src_pitch, width));
+  return absl::OkStatus();
 }
 
 // ---- RegionRef

@@ -88,6 +88,10 @@ class RegionMapping {
   virtual absl::Status CheckBacked() { return absl::OkStatus(); }
   virtual absl::Status Read(uint64_t offset, void* host_dst, size_t n) = 0;
   virtual absl::Status Write(uint64_t offset, const void* host_src, size_t n) = 0;
+  // `rows` rows of `width` bytes, `src_pitch` apart in host memory, to `dst_pitch` apart from
+  // `offset` (one strided copy where the memory is a device's; row by row by default).
+  virtual absl::Status WriteRows(uint64_t offset, uint64_t dst_pitch, const void* host_src, uint64_t src_pitch,
+                                 uint64_t width, uint64_t rows);
 };
 
 class Region;  // the registry's record of one region (defined in region_registry.cc)
@@ -110,6 +114,10 @@ class RegionAccess {
   // Copies [at, at + n) of the slice to / from host memory; INVALID_ARGUMENT outside the slice.
   absl::Status Read(uint64_t at, void* host_dst, size_t n) const;
   absl::Status Write(uint64_t at, const void* host_src, size_t n) const;
+  // `rows` rows of `width` bytes from host memory (`src_pitch` apart) to [at + i x dst_pitch,
+  // + width) of the slice; INVALID_ARGUMENT if any falls outside it or width > dst_pitch.
+  absl::Status WriteRows(uint64_t at, uint64_t dst_pitch, const void* host_src, uint64_t src_pitch, uint64_t width,
+                         uint64_t rows) const;
 
  private:
   friend class RegionRef;
