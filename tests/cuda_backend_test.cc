@@ -487,24 +487,20 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
 // race would mix two batches' rows), graphs on (the H2D inside the graph) and off; and the last
 // batch's host payload, which the completer answers from meanwhile, must stay as it was. With
 // launch_ahead the next batch is also launched there, behind the running one (--launch-ahead), its
-// rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step;
-// with overlap its GEMV also starts beside the running one's epilogue (--cuda-overlap-epilogue).
+// rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
   struct Way {
-    bool graphs, launch_ahead, aside, overlap;
+    bool graphs, launch_ahead, aside;
   };
-  for (auto [graphs, launch_ahead, aside, overlap] :
-       {Way{true, false, true, false}, Way{false, false, true, false}, Way{true, true, true, false},
-        Way{false, true, true, false}, Way{true, true, false, false}, Way{false, true, false, false},
-        Way{true, true, true, true}, Way{false, true, true, true}, Way{true, true, false, true}}) {
+  for (auto [graphs, launch_ahead, aside] : {Way{true, false, true}, Way{false, false, true}, Way{true, true, true},
+                                             Way{false, true, true}, Way{true, true, false}, Way{false, true, false}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
     opt.cuda_upload_aside = aside;
-    opt.cuda_overlap_epilogue = overlap;
     opt.max_rows = 64;
     auto be = MakeCudaBackend(opt, 0);
     ASSERT_TRUE(be.ok()) << be.status();
@@ -573,7 +569,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
           ASSERT_LE(off + answer, chain[of].alone.size());
           EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
               << what << " batch " << of << " row " << i << ", graphs " << graphs << ", launch ahead "
-              << launch_ahead << ", aside " << aside << ", overlap " << overlap;
+              << launch_ahead << ", aside " << aside;
         }
       };
       const auto* p = static_cast<const uint8_t*>(*out);

@@ -51,9 +51,6 @@ ABSL_FLAG(bool, launch_ahead, true,
           "Alone (tp = 1) on a GPU, with --take-ahead: also launch the batch taken ahead behind the one "
           "on the device, so the GPU goes on to it while the other is answered (false: launch it once "
           "the other is done)");
-ABSL_FLAG(bool, cuda_overlap_epilogue, false,
-          "CUDA: a batch launched behind another starts its GEMV (on a second stream, with its own "
-          "logits buffer) once that one's GEMV is done, beside that one's epilogue");
 ABSL_FLAG(bool, cuda_upload_aside, true,
           "CUDA backend: a batch launched behind another uploads its rows by the copy engine on a "
           "second stream, during the other's GEMV (false: by a kernel on the one stream, after the "
@@ -154,7 +151,6 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.cuda_upload_aside = absl::GetFlag(FLAGS_cuda_upload_aside);
-  c.backend_options.cuda_overlap_epilogue = absl::GetFlag(FLAGS_cuda_overlap_epilogue);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);

@@ -92,7 +92,6 @@ class CudaBackend : public ComputeBackend {
       if (e) cudaEventDestroy(e);
     if (side_) cudaStreamDestroy(side_);
     if (upload_) cudaStreamDestroy(upload_);
-    if (behind_) cudaStreamDestroy(behind_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -116,7 +115,6 @@ class CudaBackend : public ComputeBackend {
       for (cudaEvent_t& e : step_events) DH_CUDA_CHECK(cudaEventCreate(&e));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
-    DH_CUDA_CHECK(cudaStreamCreateWithFlags(&behind_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : forks_) DH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return absl::OkStatus();
   }
@@ -265,10 +263,6 @@ class CudaBackend : public ComputeBackend {
     if (!launched_.empty()) {
       step.buffer = 1 - launched_.back().buffer;
       step.upload_aside = opts_.cuda_upload_aside;
-      // On buffer 1's own stream the step's GEMV waits only for the one in flight's GEMV, not its
-      // epilogue (y, the scratch and the payload are the buffer's own). cuBLAS rows stay on stream_.
-      step.overlap = opts_.cuda_overlap_epilogue && n_bf16 == 0 && launched_.back().n_bf16 == 0;
-      step.after_gemv = events_[launched_.back().slot][2];
     }
     // A small host payload is written by the epilogue straight into the slot's pinned buffer
     // (mapped: one address on both sides), saving the D2H copy's node and its latency.
@@ -283,7 +277,6 @@ class CudaBackend : public ComputeBackend {
     launched.space = space;
     launched.buffer = step.buffer;
     launched.upload_aside = step.upload_aside;
-    launched.n_bf16 = n_bf16;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
     launched_.push_back(launched);
     return absl::OkStatus();
@@ -327,7 +320,7 @@ class CudaBackend : public ComputeBackend {
     times_.d2h_us = us(ms[3]);
     times_.graph = step.graphed;
     return static_cast<const void*>(step.space == MemorySpace::kHost ? hpayloads_[step.slot].p
-                                                                      : payloads_[step.buffer].p);
+                                                                      : payload_.p);
   }
 
   void* DeviceRows(uint32_t rows) override {
@@ -403,10 +396,6 @@ class CudaBackend : public ComputeBackend {
     size_t d2h_bytes = 0;  // 0: the payload stays on the device, or is written to the host directly
     bool direct_payload = false;  // the epilogue writes the host payload (hpayloads_[slot])
     int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
-    // Behind a step in flight (cuda_overlap_epilogue): on the buffer's stream, its GEMV after that
-    // step's GEMV (after_gemv, that step's event 2) rather than after its whole chain.
-    bool overlap = false;
-    cudaEvent_t after_gemv = nullptr;
   };
   // A step launched and not yet finished.
   struct Launched {
@@ -415,7 +404,6 @@ class CudaBackend : public ComputeBackend {
     bool graphed = false;
     int buffer = 0;
     bool upload_aside = false;
-    int n_bf16 = 0;
   };
 
   // The batch's rows grouped by head into the upload buffer: fp8-twin rows first, then bf16-exact
@@ -453,53 +441,53 @@ class CudaBackend : public ComputeBackend {
   // are external records, so that the graph keeps them as event nodes (outside a capture the
   // driver refuses that flag), and with cuda_timing_off_path they hang off the chain on a side
   // branch, so that adjacent kernels keep their programmatic edges.
-  absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc, cudaStream_t cs) {
+  absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
     const bool capturing = record_flags_ == cudaEventRecordExternal;
     const bool branch = capturing && opts_.cuda_timing_off_path;
     const cuda::ScopedSharedCarveout carveout(opts_.cuda_smem_carveout);
     auto stamp = [&](int i) -> absl::Status {
       if (branch && i > 0 && i < 4) {
-        DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], cs));
+        DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
         DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
         DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], side_, record_flags_));
         return absl::OkStatus();
       }
       if (branch && i == 4) {  // the side branch joins the chain before the capture ends
         DH_CUDA_CHECK(cudaEventRecord(forks_[3], side_));
-        DH_CUDA_CHECK(cudaStreamWaitEvent(cs, forks_[3], 0));
+        DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, forks_[3], 0));
       }
-      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], cs, record_flags_));
+      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], stream_, record_flags_));
       return absl::OkStatus();
     };
     const DeviceMem& dstage = dstages_[s.buffer];
     if (s.upload_aside) {
       // The upload went ahead on upload_ (LaunchStep); the chain starts at the GEMV.
-      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], cs, record_flags_));
+      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream_, record_flags_));
     } else {
       DH_RETURN_IF_ERROR(stamp(0));
       auto* up_dst = static_cast<uint8_t*>(dstage.p) + s.upload_from;
       const auto* up_src = static_cast<const uint8_t*>(stage_.p) + s.upload_from;
       const size_t up_bytes = s.stage_bytes - s.upload_from;
       if (opts_.cuda_upload_by_kernel) {
-        DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, cs));
+        DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream_));
       } else {
-        DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, cs));
+        DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream_));
       }
       DH_RETURN_IF_ERROR(stamp(1));
     }
     const auto* dx = static_cast<const uint16_t*>(dstage.p);
-    auto* y = static_cast<float*>(ys_[s.buffer].p);
+    auto* y = static_cast<float*>(y_.p);
     if (s.n_fp8 > 0) {
       const auto* exps = static_cast<const uint8_t*>(exps_.p);
       DH_CUDA_CHECK(fast_path_ ? cuda::HeadGemvFp8(dx, s.n_fp8, K,
                                                    static_cast<const uint8_t*>(packed_.p), exps, S,
-                                                   y, ldy, cs)
+                                                   y, ldy, stream_)
                                : cuda::HeadGemvFp8Exact(dx, s.n_fp8, K,
                                                         static_cast<const uint8_t*>(codes_.p), exps,
-                                                        S, y, ldy, cs));
+                                                        S, y, ldy, stream_));
     }
-    if (s.n_bf16 > 0) {  // never overlapped: cuBLAS is bound to stream_ (cs)
+    if (s.n_bf16 > 0) {
       DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(s.n_fp8) * K, s.n_bf16,
                                          K, static_cast<const uint16_t*>(bf16_.p), S,
                                          y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
@@ -507,16 +495,14 @@ class CudaBackend : public ComputeBackend {
     DH_RETURN_IF_ERROR(stamp(2));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage.p) + s.desc_off);
-    const DeviceMem& dpayload = payloads_[s.buffer];
-    const DeviceMem& escratch = escratches_[s.buffer];
-    auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : dpayload.p);
+    auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : payload_.p);
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
-                                      payload, escratch.p, escratch.bytes, cs, desc));
+                                      payload, escratch_.p, escratch_.bytes, stream_, desc));
     DH_RETURN_IF_ERROR(stamp(3));
     if (s.d2h_bytes > 0) {
-      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, dpayload.p, s.d2h_bytes,
-                                    cudaMemcpyDeviceToHost, cs));
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, payload_.p, s.d2h_bytes,
+                                    cudaMemcpyDeviceToHost, stream_));
     }
     return stamp(4);
   }
@@ -531,19 +517,15 @@ class CudaBackend : public ComputeBackend {
   // epilogue writes to the host, the buffer and whether the upload went aside.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
-    // Overlapped, a step runs on its buffer's stream (buffer 0's is stream_), after the GEMV of
-    // the step in flight (on the other stream); otherwise on stream_, after that whole step.
-    cudaStream_t cs = s.overlap && s.buffer == 1 ? behind_ : stream_;
-    if (s.overlap) DH_CUDA_CHECK(cudaStreamWaitEvent(cs, s.after_gemv, 0));
     if (s.upload_aside) {
       cudaEvent_t* ev = events_[s.slot];
       DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
       DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[s.buffer].p, stage_.p, s.stage_bytes,
                                     cudaMemcpyHostToDevice, upload_));
       DH_CUDA_CHECK(cudaEventRecord(ev[1], upload_));
-      DH_CUDA_CHECK(cudaStreamWaitEvent(cs, ev[1], 0));
+      DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev[1], 0));
     }
-    if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc, cs);
+    if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
     const GraphKey key{static_cast<uint64_t>(s.rows) |
                            static_cast<uint64_t>(cuda::EpilogueLaunches(geo_.valid_cols(), desc, s.rows)) << 16 |
                            static_cast<uint64_t>(s.slot) << 24 | static_cast<uint64_t>(s.buffer) << 26 |
@@ -553,25 +535,24 @@ class CudaBackend : public ComputeBackend {
                        s.d2h_bytes};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
-      if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc, cs);
+      if (graphs_.size() >= kMaxGraphs) return EnqueueStep(s, desc);
       it = graphs_.emplace(key, Capture(s, desc)).first;
     }
-    if (it->second == nullptr) return EnqueueStep(s, desc, cs);
-    DH_CUDA_CHECK(cudaGraphLaunch(it->second, cs));
+    if (it->second == nullptr) return EnqueueStep(s, desc);
+    DH_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     *graphed = true;
     return absl::OkStatus();
   }
 
-  // The step captured (on stream_; launched on whichever stream the step runs on) into an
-  // executable graph; nullptr when capture or instantiation fails (the shape then runs eagerly,
-  // which reports any real error).
+  // The step captured into an executable graph; nullptr when capture or instantiation fails (the
+  // shape then runs eagerly, which reports any real error).
   cudaGraphExec_t Capture(const Step& s, const cuda::ReduceRow* desc) {
     if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
     record_flags_ = cudaEventRecordExternal;
-    const absl::Status enqueued = EnqueueStep(s, desc, stream_);
+    const absl::Status enqueued = EnqueueStep(s, desc);
     record_flags_ = cudaEventRecordDefault;
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
@@ -612,23 +593,18 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
-    auto addresses = [&] {
-      return std::vector<const void*>{stage_.p,       dstages_[0].p,    dstages_[1].p,    ys_[0].p,
-                                      ys_[1].p,       payloads_[0].p,   payloads_[1].p,   escratches_[0].p,
-                                      escratches_[1].p, hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
-    };
-    const std::vector<const void*> before = addresses();
+    const void* before[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
+                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
-    for (int b = 0; b < 2; ++b) {
-      DH_CUDA_CHECK(dstages_[b].Reserve(stage_bytes));
-      DH_CUDA_CHECK(ys_[b].Reserve(static_cast<size_t>(rows) * Ldy() * 4));
-      DH_CUDA_CHECK(payloads_[b].Reserve(payload_bytes));
-      DH_CUDA_CHECK(escratches_[b].Reserve(
-          std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
-    }
+    for (DeviceMem& d : dstages_) DH_CUDA_CHECK(d.Reserve(stage_bytes));
+    DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
+    DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
     for (int i = 0; i < kHostPayloads; ++i) DH_CUDA_CHECK(hpayloads_[i].Reserve(payload_bytes));
-    const std::vector<const void*> after = addresses();
-    if (before != after) DropGraphs();
+    DH_CUDA_CHECK(escratch_.Reserve(
+        std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
+    const void* after[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
+                           hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
+    if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
   }
@@ -639,7 +615,6 @@ class CudaBackend : public ComputeBackend {
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // a captured step's timing branch (cuda_timing_off_path)
   cudaStream_t upload_ = nullptr;  // uploads of steps launched behind another (cuda_upload_aside)
-  cudaStream_t behind_ = nullptr;  // buffer 1's steps launched behind another (cuda_overlap_epilogue)
   cudaEvent_t forks_[4] = {};    // that branch's three forks and its join
   cublasHandle_t cublas_ = nullptr;
   ShardGeometry geo_;
@@ -647,10 +622,8 @@ class CudaBackend : public ComputeBackend {
   bool fast_path_ = true;
   DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
-  // A step's device buffers, one set a step in flight, in turn (Step::buffer): its rows and
-  // descriptors, its logits, its device payload and its epilogue's scratch.
-  DeviceMem dstages_[2], ys_[2], payloads_[2], escratches_[2];
-  DeviceMem dscratch_;
+  DeviceMem dstages_[2];  // a step's rows and descriptors on the device: one a step in flight, in turn
+  DeviceMem y_, payload_, dscratch_, escratch_;
   PinnedMem stage_;
   BufferRing<PinnedMem, kHostPayloads> hpayloads_;  // host results in turn (Launch)
   BufferRing<PinnedMem, 2> hscratches_;
