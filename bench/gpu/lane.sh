@@ -16,6 +16,8 @@
 #         (lane_python_bench.py --transports), beside the C++ load tester's p50 of M=5 TOP_K.
 # hostio: the Python lane's two ways for torch CUDA tensors, its CUDA arenas against host IO (rows
 #         into the host arena, token answers inline), alternating rounds (lane_python_bench.py --host-io).
+# hostcopies: Python over gRPC with torch CUDA tensors, the client's pinned copies against pageable
+#         ones (lane_python_bench.py --host-copies), alternating rounds.
 # pieces: the host time of each piece of a stream-ordered Python call (torch ops, libcuda calls)
 #         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
 # mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
@@ -128,6 +130,12 @@ run_set() {  # TITLE
       timeout 300 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --host-io --rounds="$rounds" \
         --seconds=1 2>&1 | tail -10
       stamp "hostio $1"
+    fi
+    if want hostcopies; then
+      echo
+      timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --host-copies --rounds="$rounds" \
+        --seconds=1 2>&1 | tail -6
+      stamp "hostcopies $1"
     fi
     if want pieces; then
       echo

@@ -16,6 +16,10 @@ what the 30 us budget a call is spent on, without a profiler's overhead.
 --host-io: the lane only, its CUDA arenas against host IO (Lane.host_io: rows into the host arena,
 token answers inline in the completion), alternating rounds: synchronised p50 and stream-ordered
 host time with out=, M = 1, 5, 16, 64 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
+--host-copies: only gRPC with torch CUDA tensors, the client's copies through pinned memory (the rows
+in one DMA, the answers packed into one transfer: drafthead_client._to_host / _to_device) against
+the plain pageable torch copies (t.to("cpu"), each answer's .to(device)), swapped in between
+alternating rounds: M = 5 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
 (transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
 TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
@@ -72,9 +76,13 @@ def main():
     ap.add_argument("--pieces", type=int, default=0, help="calls a piece in the host-time breakdown")
     ap.add_argument("--transports", action="store_true", help="grpcio vs the native unary call only")
     ap.add_argument("--host-io", action="store_true", help="the lane's CUDA arenas vs host IO only")
+    ap.add_argument("--host-copies", action="store_true", help="gRPC torch: pinned vs pageable copies only")
     args = ap.parse_args()
     if args.transports:
         transports(args.target, args.seconds, args.rounds)
+        return
+    if args.host_copies:
+        host_copies(args.target, args.seconds, args.rounds)
         return
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
@@ -314,6 +322,44 @@ def host_io_ab(head, K, V, dev, seconds, rounds, ms):
               f"{statistics.median(host[True]):.1f} | {' '.join(f'{v:.0f}' for v in sync[False])}; "
               f"{' '.join(f'{v:.0f}' for v in sync[True])} |", flush=True)
     lane.host_io(True)  # the library's default
+
+
+def host_copies(target, seconds, rounds):
+    """gRPC p50 us a call with torch CUDA tensors, the client's pinned copies against pageable ones
+    swapped in (module attributes, looked up at each call), alternating rounds."""
+    import numpy as np
+    import drafthead_client as dcm
+
+    def pageable_to_host(t):
+        return t.to("cpu").contiguous()
+
+    def pageable_to_device(arrays, device):
+        def view(a):
+            return (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16
+                    else torch.from_numpy(a))
+        return [None if a is None else view(np.ascontiguousarray(a).copy()).to(device) for a in arrays]
+
+    ways = {"pinned": (dcm._to_host, dcm._to_device), "pageable": (pageable_to_host, pageable_to_device)}
+    head = RemoteDraftHead(target, lane="off", timeout=30)
+    K = head.info()["hidden_size"]
+    dev = torch.device("cuda")
+    x = {m: torch.randn(m, K, device=dev).to(torch.bfloat16) for m in (1, 5)}
+    cases = [("M=5 TOP_K k=8", lambda: head.topk(x[5], 8)), ("M=1 ARGMAX", lambda: head.argmax(x[1])),
+             ("M=5 FULL_LOGITS bf16", lambda: head.logits(x[5], dtype="bf16"))]
+    print(f"\n| Python over gRPC ({head.transport_in_use}), torch CUDA | pageable p50 us | pinned p50 us | "
+          "pinned / pageable | rounds (pageable; pinned) |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, fn in cases:
+        r = {w: [] for w in ways}
+        for _ in range(rounds):
+            for w in ("pageable", "pinned"):
+                dcm._to_host, dcm._to_device = ways[w]
+                r[w].append(p(timed(fn, seconds), 0.5))
+        a, b = statistics.median(r["pageable"]), statistics.median(r["pinned"])
+        print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {' '.join(f'{v:.0f}' for v in r['pageable'])}; "
+              f"{' '.join(f'{v:.0f}' for v in r['pinned'])} |", flush=True)
+    dcm._to_host, dcm._to_device = ways["pinned"]
+    head.close()
 
 
 def transports(target, seconds, rounds):

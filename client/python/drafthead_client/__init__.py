@@ -351,7 +351,9 @@ class _HeadBase:
         if torch is not None and isinstance(hidden, torch.Tensor):
             t = hidden.detach()
             device = t.device
-            t = t.to("cpu").contiguous()
+            if t.dtype != torch.bfloat16:
+                t = t.to(torch.float32)
+            t = _to_host(t)
             if t.dtype == torch.bfloat16:
                 arr = t.view(torch.int16).numpy().view(np.uint16)
                 dtype = pb.BF16
@@ -423,11 +425,7 @@ class _HeadBase:
         if enc.kind == "numpy_f32" and out_dtype == pb.BF16:
             return bf16_to_float32(arr)
         if enc.kind == "torch":
-            if out_dtype == pb.BF16:
-                t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-            else:
-                t = torch.from_numpy(arr.copy())
-            return t.to(enc.device)
+            return _to_device([arr], enc.device)[0]
         return arr
 
     def _tokens_plan(self, info: Dict[str, Any], hidden: Hidden, mode: str, hidden_dtype: str, *, head: str,
@@ -455,8 +453,8 @@ class _HeadBase:
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
         out = [whole(ids), whole(values), whole(prob) if want_probs else None]
         if enc.kind == "torch":
-            out = [None if a is None else torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).to(enc.device)
-                   for a in out]
+            out = _to_device([None if a is None else a.astype(np.int64) if a.dtype == np.int32 else a for a in out],
+                             enc.device)
         return out
 
     @staticmethod
@@ -737,6 +735,46 @@ class RemoteDraftHead(_HeadBase):
 
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _to_host(t: Any) -> Any:
+    """A torch tensor's contiguous CPU copy. From a GPU: one copy into pinned memory (DMA, no staging
+    through a driver buffer) on the current stream, then a wait for that stream: the same ordering
+    as t.to("cpu"), ~10-20 us less on the GPU host."""
+    if not t.is_cuda:
+        return t.contiguous()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return host
+
+
+def _to_device(arrays: List[Any], device: Any) -> List[Any]:
+    """numpy answers (None kept) as torch tensors on `device`. To a GPU: packed into one pinned buffer
+    and copied in one transfer on the current stream (ordered before the caller's next work on it,
+    as .to(device) is), instead of a synchronous copy from pageable memory each."""
+    def torch_view(a: Any) -> Any:  # bf16 bits travel as uint16; torch has no uint16
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
+    if device is None or device.type != "cuda":
+        return [None if a is None else torch_view(np.ascontiguousarray(a).copy()) for a in arrays]
+    dtypes = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.uint16): torch.bfloat16}
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += 0 if a is None else (a.nbytes + 7) // 8 * 8  # each piece 8-byte aligned (int64 ids)
+    host = torch.empty(max(total, 8), dtype=torch.uint8, pin_memory=True)
+    h = host.numpy()
+    for a, o in zip(arrays, offsets):
+        if a is not None:
+            h[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    dev = host.to(device, non_blocking=True)
+    out: List[Any] = []
+    for a, o in zip(arrays, offsets):
+        if a is None:
+            out.append(None)
+            continue
+        out.append(dev[o:o + a.nbytes].view(dtypes[a.dtype]).reshape(a.shape))
+    return out
 
 
 def _describe(t: Any) -> str:
