@@ -346,8 +346,8 @@ def host_copies(target, seconds, rounds):
     x = {m: torch.randn(m, K, device=dev).to(torch.bfloat16) for m in (1, 5)}
     cases = [("M=5 TOP_K k=8", lambda: head.topk(x[5], 8)), ("M=1 ARGMAX", lambda: head.argmax(x[1])),
              ("M=5 FULL_LOGITS bf16", lambda: head.logits(x[5], dtype="bf16"))]
-    print(f"\n| Python over gRPC ({head.transport_in_use}), torch CUDA | pageable p50 us | pinned p50 us | "
-          "pinned / pageable | rounds (pageable; pinned) |")
+    print(f"\n| Python over gRPC ({head.transport_in_use}), torch CUDA | pageable p50 us | the package's p50 us (pinned >= 256 KiB) | "
+          "package / pageable | rounds (pageable; package) |")
     print("| --- | --- | --- | --- | --- |")
     for label, fn in cases:
         r = {w: [] for w in ways}

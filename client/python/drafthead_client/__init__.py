@@ -737,12 +737,19 @@ class RemoteDraftHead(_HeadBase):
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
+# Transfers between a GPU and the host of at least this many bytes go through pinned memory (one
+# DMA, no staging through a driver buffer); smaller ones as plain torch copies. On an H100 the
+# pinned way cost 80-100 us more a call for small tensors (51 KB of rows, < 1 KB of answers: the
+# caching host allocator's bookkeeping) and saved ~200 us on 1.3 MB of logits (docs/NOTES.md,
+# session 19); sizes in between were not measured.
+_PINNED_MIN_BYTES = 256 * 1024
+
+
 def _to_host(t: Any) -> Any:
-    """A torch tensor's contiguous CPU copy. From a GPU: one copy into pinned memory (DMA, no staging
-    through a driver buffer) on the current stream, then a wait for that stream: the same ordering
-    as t.to("cpu"), ~10-20 us less on the GPU host."""
-    if not t.is_cuda:
-        return t.contiguous()
+    """A torch tensor's contiguous CPU copy, ordered like t.to("cpu") (the current stream waited
+    for). From a GPU, at least _PINNED_MIN_BYTES: one copy into pinned memory on the current stream."""
+    if not t.is_cuda or t.numel() * t.element_size() < _PINNED_MIN_BYTES:
+        return t.to("cpu").contiguous()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     torch.cuda.current_stream(t.device).synchronize()
@@ -750,13 +757,15 @@ def _to_host(t: Any) -> Any:
 
 
 def _to_device(arrays: List[Any], device: Any) -> List[Any]:
-    """numpy answers (None kept) as torch tensors on `device`. To a GPU: packed into one pinned buffer
-    and copied in one transfer on the current stream (ordered before the caller's next work on it,
-    as .to(device) is), instead of a synchronous copy from pageable memory each."""
+    """numpy answers (None kept) as torch tensors on `device`. To a GPU, at least _PINNED_MIN_BYTES
+    in all: packed into one pinned buffer and copied in one transfer on the current stream (ordered
+    before the caller's next work on it, as .to(device) is); less: each with .to(device)."""
     def torch_view(a: Any) -> Any:  # bf16 bits travel as uint16; torch has no uint16
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
     if device is None or device.type != "cuda":
         return [None if a is None else torch_view(np.ascontiguousarray(a).copy()) for a in arrays]
+    if sum(0 if a is None else a.nbytes for a in arrays) < _PINNED_MIN_BYTES:
+        return [None if a is None else torch_view(np.ascontiguousarray(a).copy()).to(device) for a in arrays]
     dtypes = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.uint16): torch.bfloat16}
     offsets, total = [], 0
     for a in arrays:
