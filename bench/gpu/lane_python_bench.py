@@ -16,10 +16,10 @@ what the 30 us budget a call is spent on, without a profiler's overhead.
 --host-io: the lane only, its CUDA arenas against host IO (Lane.host_io: rows into the host arena,
 token answers inline in the completion), alternating rounds: synchronised p50 and stream-ordered
 host time with out=, M = 1, 5, 16, 64 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
---host-copies: only gRPC with torch CUDA tensors, the client's copies through pinned memory (the rows
-in one DMA, the answers packed into one transfer: drafthead_client._to_host / _to_device) against
-the plain pageable torch copies (t.to("cpu"), each answer's .to(device)), swapped in between
-alternating rounds: M = 5 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
+--host-copies: only gRPC with torch CUDA tensors, the client's copies all through pinned memory (the
+rows in one DMA, the answers packed into one transfer) against all plain pageable torch copies
+(t.to("cpu"), each answer's .to(device)), alternating rounds in ABBA order: M = 5 and 64 TOP_K
+k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
 (transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
 TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
@@ -325,40 +325,32 @@ def host_io_ab(head, K, V, dev, seconds, rounds, ms):
 
 
 def host_copies(target, seconds, rounds):
-    """gRPC p50 us a call with torch CUDA tensors, the client's pinned copies against pageable ones
-    swapped in (module attributes, looked up at each call), alternating rounds."""
-    import numpy as np
+    """gRPC p50 us a call with torch CUDA tensors, the client's copies all pageable (plain torch
+    copies) against all pinned (drafthead_client._PINNED_MIN_BYTES set to 1 << 62 or 0, looked up at
+    each call), alternating rounds, the first way changing each round (ABBA: no order bias)."""
     import drafthead_client as dcm
-
-    def pageable_to_host(t):
-        return t.to("cpu").contiguous()
-
-    def pageable_to_device(arrays, device):
-        def view(a):
-            return (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16
-                    else torch.from_numpy(a))
-        return [None if a is None else view(np.ascontiguousarray(a).copy()).to(device) for a in arrays]
-
-    ways = {"pinned": (dcm._to_host, dcm._to_device), "pageable": (pageable_to_host, pageable_to_device)}
+    default = dcm._PINNED_MIN_BYTES
+    ways = {"pageable": 1 << 62, "pinned": 0}
     head = RemoteDraftHead(target, lane="off", timeout=30)
     K = head.info()["hidden_size"]
     dev = torch.device("cuda")
-    x = {m: torch.randn(m, K, device=dev).to(torch.bfloat16) for m in (1, 5)}
+    x = {m: torch.randn(m, K, device=dev).to(torch.bfloat16) for m in (1, 5, 64)}
     cases = [("M=5 TOP_K k=8", lambda: head.topk(x[5], 8)), ("M=1 ARGMAX", lambda: head.argmax(x[1])),
+             ("M=64 TOP_K k=8", lambda: head.topk(x[64], 8)),
              ("M=5 FULL_LOGITS bf16", lambda: head.logits(x[5], dtype="bf16"))]
-    print(f"\n| Python over gRPC ({head.transport_in_use}), torch CUDA | pageable p50 us | the package's p50 us (pinned >= 256 KiB) | "
-          "package / pageable | rounds (pageable; package) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"\n| Python over gRPC ({head.transport_in_use}), torch CUDA | pageable p50 us | pinned p50 us | "
+          f"pinned / pageable | rounds (pageable; pinned) | the package pins from {default} bytes |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for label, fn in cases:
         r = {w: [] for w in ways}
-        for _ in range(rounds):
-            for w in ("pageable", "pinned"):
-                dcm._to_host, dcm._to_device = ways[w]
+        for i in range(rounds):
+            for w in (("pageable", "pinned") if i % 2 == 0 else ("pinned", "pageable")):
+                dcm._PINNED_MIN_BYTES = ways[w]
                 r[w].append(p(timed(fn, seconds), 0.5))
         a, b = statistics.median(r["pageable"]), statistics.median(r["pinned"])
         print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {' '.join(f'{v:.0f}' for v in r['pageable'])}; "
-              f"{' '.join(f'{v:.0f}' for v in r['pinned'])} |", flush=True)
-    dcm._to_host, dcm._to_device = ways["pinned"]
+              f"{' '.join(f'{v:.0f}' for v in r['pinned'])} | |", flush=True)
+    dcm._PINNED_MIN_BYTES = default
     head.close()
 
 

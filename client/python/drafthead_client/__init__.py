@@ -738,10 +738,9 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
 # Transfers between a GPU and the host of at least this many bytes go through pinned memory (one
-# DMA, no staging through a driver buffer); smaller ones as plain torch copies. On an H100 the
-# pinned way cost 80-100 us more a call for small tensors (51 KB of rows, < 1 KB of answers: the
-# caching host allocator's bookkeeping) and saved ~200 us on 1.3 MB of logits (docs/NOTES.md,
-# session 19); sizes in between were not measured.
+# DMA, no staging through a driver buffer); smaller ones as plain torch copies. On an H100 (ABBA
+# rounds, docs/NOTES.md session 19) pinned took 1.3 MB of bf16 logits from 4492 to 2932 us a call
+# without MPS, and was no faster for 640 KB of rows (0.95-1.00) or small tensors (0.92-1.14).
 _PINNED_MIN_BYTES = 256 * 1024
 
 
