@@ -137,26 +137,30 @@ DH_EXPORT int64_t dh_lane_call_stream(dh_lane* l, const void* request, uint64_t 
   return static_cast<int64_t>(seq);
 }
 
-DH_EXPORT int dh_lane_cuda_copy_kernel(dh_lane* l, int use, char* msg, size_t msg_len) {
+namespace {
+
+// A stream-ordered calls' switch (LaneCuda::SetCopyKernel, SetHostIo): 1 while on; msg: why it is
+// not available ("" when it is).
+int CudaSwitch(dh_lane* l, int use, char* msg, size_t msg_len,
+               bool (drafthead::lane::LaneCuda::*set)(int, std::string*)) {
   if (l->cuda == nullptr) {
     Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
     return 0;
   }
   std::string why;
-  const bool on = l->cuda->SetCopyKernel(use, &why);
+  const bool on = (l->cuda.get()->*set)(use, &why);
   Report(LaneError{0, why}, msg, msg_len);
   return on ? 1 : 0;
 }
 
+}  // namespace
+
+DH_EXPORT int dh_lane_cuda_copy_kernel(dh_lane* l, int use, char* msg, size_t msg_len) {
+  return CudaSwitch(l, use, msg, msg_len, &drafthead::lane::LaneCuda::SetCopyKernel);
+}
+
 DH_EXPORT int dh_lane_cuda_host_io(dh_lane* l, int use, char* msg, size_t msg_len) {
-  if (l->cuda == nullptr) {
-    Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
-    return 0;
-  }
-  std::string why;
-  const bool on = l->cuda->SetHostIo(use, &why);
-  Report(LaneError{0, why}, msg, msg_len);
-  return on ? 1 : 0;
+  return CudaSwitch(l, use, msg, msg_len, &drafthead::lane::LaneCuda::SetHostIo);
 }
 
 DH_EXPORT int dh_lane_stream_synchronize(dh_lane* l, int64_t timeout_ns, char* msg, size_t msg_len) {
