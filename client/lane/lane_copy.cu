@@ -26,7 +26,8 @@ extern "C" __global__ void __launch_bounds__(512) dh_lane_copy(drafthead::lane::
     } else {
       const uint8_t* src = reinterpret_cast<const uint8_t*>(s);
       uint8_t* dst = reinterpret_cast<uint8_t*>(d);
-      for (uint64_t i = t; i < b; i += nt) dst[i] = a.fresh ? *reinterpret_cast<const volatile uint8_t*>(src + i) : src[i];
+      for (uint64_t i = t; i < b; i += nt)
+        dst[i] = a.fresh ? *reinterpret_cast<const volatile uint8_t*>(src + i) : src[i];
     }
   }
   if (a.word == 0) return;

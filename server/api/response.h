@@ -29,8 +29,9 @@ void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
                    v1::LogitsResponse* resp);
 
 // BuildResponse for a request whose FULL_LOGITS go into a region (`dest`, pinned at validation):
-// straight into a host region, through one host -> device copy into a CUDA region. NOT_FOUND when
-// the region was unregistered while the request waited: nothing is written then.
+// straight into a host region; into a CUDA region by one strided host -> device copy a rank from
+// the gathered payload (RegionAccess::WriteRows). NOT_FOUND when the region was unregistered while
+// the request waited: nothing is written then.
 absl::Status BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
                            const LogitsDestination& dest, v1::LogitsResponse* resp);
 

@@ -266,7 +266,8 @@ class Lane:
         """Host IO for call_cuda: the rows cross into the lane's host arena and a token answer comes
         back inline in the completion, both by the caller's own GPU work, so the server touches only
         host memory (docs/lane.md); FULL_LOGITS keeps the CUDA arenas. On by default wherever the
-        library registered the host arena. use=True / False turns it on / off, None asks. Returns (in use, why it is not available: "" when it is)."""
+        library registered the host arena. use=True / False turns it on / off, None asks. Returns
+        (in use, why it is not available: "" when it is)."""
         if self._h is None or not self.cuda:
             return False, "no CUDA arenas on this lane"
         msg = self._msg()
