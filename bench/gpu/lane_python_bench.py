@@ -14,7 +14,7 @@ client makes, the libcuda calls its library makes, via ctypes), N calls each, be
 (with the library's copy kernel and without: Lane.copy_kernel):
 what the 30 us budget a call is spent on, without a profiler's overhead.
 --host-io: the lane only, its CUDA arenas against host IO (Lane.host_io: rows into the host arena,
-token answers inline in the completion), alternating rounds: synchronised p50 and stream-ordered
+token answers inline in the completion), alternating rounds in ABBA order: synchronised p50 and stream-ordered
 host time with out=, M = 1, 5, 16, 64 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --host-copies: only gRPC with torch CUDA tensors, the client's copies all through pinned memory (the
 rows in one DMA, the answers packed into one transfer) against all plain pageable torch copies
@@ -310,8 +310,8 @@ def host_io_ab(head, K, V, dev, seconds, rounds, ms):
             return head.logits(x, dtype="bf16", wait=wait, out=o)
 
         sync, host = {False: [], True: []}, {False: [], True: []}
-        for _ in range(rounds):
-            for way in (False, True):
+        for i in range(rounds):
+            for way in ((False, True) if i % 2 == 0 else (True, False)):  # ABBA: no order bias
                 lane.host_io(way)
                 sync[way].append(p(timed(lambda: call(True), seconds), 0.5))
                 host[way].append(p(timed(lambda: call(False, out), seconds, sync=False), 0.5))
