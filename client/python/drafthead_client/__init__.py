@@ -358,7 +358,7 @@ class _HeadBase:
                 arr = t.view(torch.int16).numpy().view(np.uint16)
                 dtype = pb.BF16
             else:
-                arr = t.to(torch.float32).numpy()
+                arr = t.numpy()  # float32 already (converted on its device above)
                 dtype = pb.FP32
             kind = "torch"
         else:
@@ -761,10 +761,10 @@ def _to_device(arrays: List[Any], device: Any) -> List[Any]:
     before the caller's next work on it, as .to(device) is); less: each with .to(device)."""
     def torch_view(a: Any) -> Any:  # bf16 bits travel as uint16; torch has no uint16
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
-    if device is None or device.type != "cuda":
-        return [None if a is None else torch_view(np.ascontiguousarray(a).copy()) for a in arrays]
-    if sum(0 if a is None else a.nbytes for a in arrays) < _PINNED_MIN_BYTES:
-        return [None if a is None else torch_view(np.ascontiguousarray(a).copy()).to(device) for a in arrays]
+    on_gpu = device is not None and device.type == "cuda"
+    if not on_gpu or sum(0 if a is None else a.nbytes for a in arrays) < _PINNED_MIN_BYTES:
+        return [None if a is None else torch_view(np.ascontiguousarray(a).copy()).to(device if on_gpu else "cpu")
+                for a in arrays]
     dtypes = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.uint16): torch.bfloat16}
     offsets, total = [], 0
     for a in arrays:

@@ -256,11 +256,7 @@ class Lane:
         and consumed word in another, instead of two libcuda calls each; on by default wherever it
         loaded, docs/lane.md): use=True / False turns it on / off, None asks. Returns (in use, why it
         is not loaded: "" when it is)."""
-        if self._h is None or not self.cuda:
-            return False, "no CUDA arenas on this lane"
-        msg = self._msg()
-        on = self._lib.dh_lane_cuda_copy_kernel(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
-        return bool(on), msg.value.decode(errors="replace")
+        return self._cuda_switch(self._lib.dh_lane_cuda_copy_kernel, use)
 
     def host_io(self, use: Optional[bool] = None) -> "tuple[bool, str]":
         """Host IO for call_cuda: the rows cross into the lane's host arena and a token answer comes
@@ -268,10 +264,14 @@ class Lane:
         host memory (docs/lane.md); FULL_LOGITS keeps the CUDA arenas. On by default wherever the
         library registered the host arena. use=True / False turns it on / off, None asks. Returns
         (in use, why it is not available: "" when it is)."""
+        return self._cuda_switch(self._lib.dh_lane_cuda_host_io, use)
+
+    def _cuda_switch(self, entry: Any, use: Optional[bool]) -> "tuple[bool, str]":
+        """One of the library's switches of stream-ordered calls: (in use, why it is not available)."""
         if self._h is None or not self.cuda:
             return False, "no CUDA arenas on this lane"
         msg = self._msg()
-        on = self._lib.dh_lane_cuda_host_io(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
+        on = entry(self._h, -1 if use is None else int(bool(use)), msg, len(msg))
         return bool(on), msg.value.decode(errors="replace")
 
     def close(self) -> None:
