@@ -1,6 +1,7 @@
 // One CPU rank serving synthetic weights in process (gRPC in-process channel), with its batch loop
 // started only when the test says: requests stay queued until then, so a test fixes the order of
-// events by construction, not by timing. Both APIs are served (drafthead.v1, KServe v2).
+// events by construction, not by timing. Both APIs are served (drafthead.v1, KServe v2);
+// ComputeLogits on the gRPC API `unary_api` says.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -26,7 +27,7 @@ namespace drafthead::testing {
 struct OneRankServer {
   static constexpr int64_t kK = 64, kRows = 1000, kVocab = 900;
 
-  OneRankServer() : registry(regions::RegistryOptions{true, false, 0}), batcher(BatcherOptions{}) {
+  explicit OneRankServer(UnaryApi unary_api = UnaryApi::kCallback) : registry(regions::RegistryOptions{true, false, 0}), batcher(BatcherOptions{}) {
     const ShardGeometry geo = ShardGeometry::Make(1, 0, kK, kRows, kVocab);
     WeightsConfig wc;
     wc.synthetic_seed = 3;
@@ -50,7 +51,7 @@ struct OneRankServer {
     info.set_vocab_size(kVocab);
     info.set_max_rows(64);
     info.set_max_top_k(256);
-    service = std::make_unique<DraftHeadService>(batcher, limits, info, nullptr);
+    service = std::make_unique<DraftHeadService>(batcher, limits, info, nullptr, unary_api);
     service->SetRegions(&registry);
     service->SetReady(true);
     health.SetServing(true);

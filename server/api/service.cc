@@ -37,7 +37,7 @@ uint32_t MicrosSince(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
 }
 
-Clock::time_point SteadyDeadline(grpc::CallbackServerContext* ctx) {
+Clock::time_point SteadyDeadline(grpc::ServerContextBase* ctx) {
   const auto d = ctx->deadline();
   if (d == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
   const auto left = d - std::chrono::system_clock::now();
@@ -48,10 +48,18 @@ Clock::time_point SteadyDeadline(grpc::CallbackServerContext* ctx) {
 }  // namespace
 
 DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info,
-                                   Metrics* metrics)
-    : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {}
+                                   Metrics* metrics, UnaryApi unary_api)
+    : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {
+  if (unary_api == UnaryApi::kCallback) {
+    // Method 0 is ComputeLogits, the proto's first rpc (rpcs are added, never renumbered), as the
+    // generated WithCallbackMethod_ComputeLogits marks it.
+    MarkMethodCallback(0, new grpc::internal::CallbackUnaryHandler<v1::LogitsRequest, v1::LogitsResponse>(
+                              [this](grpc::CallbackServerContext* ctx, const v1::LogitsRequest* req,
+                                     v1::LogitsResponse* resp) { return ComputeLogitsCallback(ctx, req, resp); }));
+  }
+}
 
-void DraftHeadService::Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
+void DraftHeadService::Submit(grpc::ServerContextBase* ctx, const v1::LogitsRequest& req,
                               std::function<void(const absl::Status&, v1::LogitsResponse*)> done,
                               bool may_run_inline, absl::Duration timeout,
                               std::optional<CallerKey> caller) {
@@ -138,7 +146,7 @@ CallerKey DraftHeadService::UnaryCallerKey(std::string_view peer, std::string_vi
   return CallerKey{"unary", id};
 }
 
-CallerKey DraftHeadService::UnaryCaller(const grpc::CallbackServerContext& ctx) {
+CallerKey DraftHeadService::UnaryCaller(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   const auto it = md.find(kCallerHeader);
   const std::string_view header = it == md.end() ? std::string_view()
@@ -146,9 +154,9 @@ CallerKey DraftHeadService::UnaryCaller(const grpc::CallbackServerContext& ctx) 
   return UnaryCallerKey(ctx.peer(), header);
 }
 
-grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerContext* ctx,
-                                                          const v1::LogitsRequest* req,
-                                                          v1::LogitsResponse* resp) {
+grpc::ServerUnaryReactor* DraftHeadService::ComputeLogitsCallback(grpc::CallbackServerContext* ctx,
+                                                                  const v1::LogitsRequest* req,
+                                                                  v1::LogitsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Submit(
       ctx, *req,
@@ -158,6 +166,37 @@ grpc::ServerUnaryReactor* DraftHeadService::ComputeLogits(grpc::CallbackServerCo
       },
       /*may_run_inline=*/true);
   return reactor;
+}
+
+grpc::Status DraftHeadService::ComputeLogits(grpc::ServerContext* ctx, const v1::LogitsRequest* req,
+                                             v1::LogitsResponse* resp) {
+  // Shared with done(), which may come after this handler gave up waiting (then it answers into
+  // the shared response, never into the call's).
+  struct Answer {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    v1::LogitsResponse resp ABSL_GUARDED_BY(mu);
+  };
+  auto answer = std::make_shared<Answer>();
+  Submit(
+      ctx, *req,
+      [answer](const absl::Status& s, v1::LogitsResponse* r) {
+        absl::MutexLock l(&answer->mu);
+        answer->status = s;
+        if (s.ok() && r != nullptr) answer->resp.Swap(r);
+        answer->done = true;
+      },
+      /*may_run_inline=*/true);
+  const auto deadline = ctx->deadline();
+  const absl::Time wait_until = deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
+                                    ? absl::InfiniteFuture()
+                                    : absl::FromChrono(deadline) + kSyncAnswerGrace;
+  absl::MutexLock l(&answer->mu);
+  if (!answer->mu.AwaitWithDeadline(absl::Condition(&answer->done), wait_until))
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the request was never answered (a server bug)");
+  if (answer->status.ok()) resp->Swap(&answer->resp);
+  return ToGrpcStatus(answer->status);
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::GetModelInfo(grpc::CallbackServerContext* ctx,

@@ -1,6 +1,9 @@
-// The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API. Every RPC validates its
-// request (server/request/request.h), hands it to the Batcher and is completed by whoever answers
-// the batch (the batch loop, the completer, or its own thread in an inline run); no handler blocks.
+// The gRPC edge (rank 0): drafthead.v1.DraftHead on the callback API, except ComputeLogits under
+// UnaryApi::kSync. Every RPC validates its request (server/request/request.h), hands it to the
+// Batcher and is completed by whoever answers the batch (the batch loop, the completer, or its own
+// thread in an inline run); no callback handler blocks. A sync ComputeLogits blocks the thread gRPC
+// polled it with until its answer (an inline run answers on that thread; else until the batch
+// loop's or the completer's done() wakes it), never past the call's deadline plus kSyncAnswerGrace.
 // absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
@@ -10,7 +13,8 @@
 // ("unary"), so a client's concurrent calls share one fair share as one stream's requests do, and
 // the unary calls of many connections do not crowd out a stream.
 //
-// Threads: gRPC's callback threads; the service is thread-safe. Lifetime: outlives the server.
+// Threads: gRPC's callback threads and (kSync) its synchronous polling threads; the service is
+// thread-safe. Lifetime: outlives the server.
 #pragma once
 
 #include <atomic>
@@ -25,23 +29,29 @@
 #include "server/request/request.h"
 #include "server/regions/region_registry.h"
 #include "server/api/stream_budget.h"
+#include "server/api/unary_api.h"
 #include "server/lane/lane_manager.h"
 
 namespace drafthead {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
-// Every RPC of the service, StreamLogits raw (a new RPC: add its WithCallbackMethod_ here, or its
-// override does not compile).
-using DraftHeadServiceBase = v1::DraftHead::WithCallbackMethod_ComputeLogits<
-    v1::DraftHead::WithRawCallbackMethod_StreamLogits<v1::DraftHead::WithCallbackMethod_GetModelInfo<
-        v1::DraftHead::WithCallbackMethod_RegisterRegion<v1::DraftHead::WithCallbackMethod_UnregisterRegion<
-            v1::DraftHead::WithCallbackMethod_OpenLane<v1::DraftHead::WithCallbackMethod_CloseLane<
-                v1::DraftHead::Service>>>>>>>;
+// Every RPC of the service but ComputeLogits on the callback API, StreamLogits raw (a new RPC: add
+// its WithCallbackMethod_ here, or its override does not compile). ComputeLogits is marked callback
+// in the constructor unless UnaryApi::kSync.
+using DraftHeadServiceBase = v1::DraftHead::WithRawCallbackMethod_StreamLogits<
+    v1::DraftHead::WithCallbackMethod_GetModelInfo<v1::DraftHead::WithCallbackMethod_RegisterRegion<
+        v1::DraftHead::WithCallbackMethod_UnregisterRegion<v1::DraftHead::WithCallbackMethod_OpenLane<
+            v1::DraftHead::WithCallbackMethod_CloseLane<v1::DraftHead::Service>>>>>>;
 
 class DraftHeadService final : public DraftHeadServiceBase {
  public:
-  DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info, Metrics* metrics);
+  // How long past its deadline a sync ComputeLogits waits for done() before answering INTERNAL
+  // (done() always comes: the batcher answers every request it queued, by its deadline at latest).
+  static constexpr absl::Duration kSyncAnswerGrace = absl::Seconds(10);
+
+  DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info, Metrics* metrics,
+                   UnaryApi unary_api = UnaryApi::kCallback);
 
   // Shared-memory regions (--shared-memory): requests may name regions of `regions`, and the
   // Register/UnregisterRegion RPCs manage it. Call before serving; `regions` outlives the service.
@@ -59,9 +69,11 @@ class DraftHeadService final : public DraftHeadServiceBase {
   // Where every request's outcome is recorded (both APIs'); null: nowhere (tests).
   const Metrics* metrics() const { return metrics_; }
 
-  grpc::ServerUnaryReactor* ComputeLogits(grpc::CallbackServerContext* ctx,
-                                          const v1::LogitsRequest* req,
-                                          v1::LogitsResponse* resp) override;
+  // ComputeLogits on the callback API (UnaryApi::kCallback) and on the sync API (kSync).
+  grpc::ServerUnaryReactor* ComputeLogitsCallback(grpc::CallbackServerContext* ctx,
+                                                  const v1::LogitsRequest* req, v1::LogitsResponse* resp);
+  grpc::Status ComputeLogits(grpc::ServerContext* ctx, const v1::LogitsRequest* req,
+                             v1::LogitsResponse* resp) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamLogits(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
@@ -85,12 +97,12 @@ class DraftHeadService final : public DraftHeadServiceBase {
   // arrival (KServe's `timeout` parameter); a request still queued at its deadline gets
   // DEADLINE_EXCEEDED. `caller`: whom the request is queued for (fair queueing, FIFO within one
   // caller); unset: the unary caller of ctx's connection (UnaryCaller).
-  void Submit(grpc::CallbackServerContext* ctx, const v1::LogitsRequest& req,
+  void Submit(grpc::ServerContextBase* ctx, const v1::LogitsRequest& req,
               std::function<void(const absl::Status&, v1::LogitsResponse*)> done, bool may_run_inline = false,
               absl::Duration timeout = absl::InfiniteDuration(), std::optional<CallerKey> caller = std::nullopt);
   // The caller of a unary call: its connection (peer), told apart further by the client's
   // kCallerHeader when it sends one (over a Unix socket every connection's peer reads the same).
-  static CallerKey UnaryCaller(const grpc::CallbackServerContext& ctx);
+  static CallerKey UnaryCaller(const grpc::ServerContextBase& ctx);
   static CallerKey UnaryCallerKey(std::string_view peer, std::string_view caller_header);
   // The same for a request that did not come in as a gRPC call (a lane's): `call` says its
   // deadline, cancellation, caller and whether the submitting thread may run it.

@@ -55,6 +55,10 @@ ABSL_FLAG(bool, cuda_upload_aside, true,
           "CUDA backend: a batch launched behind another uploads its rows by the copy engine on a "
           "second stream, during the other's GEMV (false: by a kernel on the one stream, after the "
           "other's epilogue)");
+ABSL_FLAG(std::string, unary_api, "callback",
+          "gRPC API of the unary ComputeLogits: callback (a callback pool thread runs each call) or "
+          "sync (the thread that polled the call runs it: one thread hand-off less, a thread blocked "
+          "per call in flight)");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -194,6 +198,8 @@ absl::Status ResolveLimits(ServerConfig& c) {
   // A caller may always queue one request of the most rows.
   const uint32_t caller_rows = absl::GetFlag(FLAGS_max_caller_queue_rows);
   c.batcher.max_caller_queue_rows = caller_rows == 0 ? 0 : std::max(caller_rows, max_rows);
+  if (const std::string api = absl::GetFlag(FLAGS_unary_api); !ParseUnaryApi(api, &c.unary_api))
+    return Bad(absl::StrCat("--unary-api must be callback or sync, not '", api, "'"));
   const std::string policy = absl::GetFlag(FLAGS_queue_policy);
   if (!ParseQueuePolicy(policy, &c.batcher.policy))
     return Bad(absl::StrCat("--queue-policy must be fair or fifo, not '", policy, "'"));

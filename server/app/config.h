@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "server/api/stream_budget.h"
+#include "server/api/unary_api.h"
 #include "server/backends/compute_backend.h"
 #include "server/engine/rank_engine.h"
 #include "server/regions/region_registry.h"
@@ -63,6 +64,7 @@ struct ServerConfig {
   TlsFiles tls;
   BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
   uint32_t max_top_k = 256;
+  UnaryApi unary_api = UnaryApi::kCallback;  // --unary-api: which gRPC API serves ComputeLogits
   regions::RegistryOptions shared_memory;  // --shared-memory (both kinds off by default)
   uint32_t lanes = 0;                      // --lanes: same-host lanes open at once (0: off)
   std::chrono::microseconds lane_spin{50};  // --lane-spin-us

@@ -21,6 +21,8 @@
 namespace drafthead {
 namespace {
 
+constexpr int kSyncMaxPollers = 256;  // --unary-api=sync: threads kept polling (kMaxRowsLimit callers)
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
@@ -125,7 +127,8 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   limits.max_top_k = c.max_top_k;
   limits.has_bf16 = c.backend_options.keep_bf16;
   const v1::ModelInfo info = MakeModelInfo(c, m);
-  f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get());
+  f->service = std::make_unique<DraftHeadService>(*f->batcher, limits, info, f->metrics.get(),
+                                                c.unary_api);
   f->service->SetRegions(f->regions.get());
   f->service->SetStreamBudget(c.stream_budget);
   LaneOptions lane_options;
@@ -160,6 +163,12 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
   builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(max_msg, INT32_MAX)));
   // No SO_REUSEPORT: a second server on the same port must fail, not silently share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (c.unary_api == UnaryApi::kSync) {
+    // A sync call holds its polling thread until answered; a thread done with one goes back to
+    // polling only while fewer than MAX_POLLERS poll, else it exits (gRPC's default 2 would start
+    // and end a thread per call under load).
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kSyncMaxPollers);
+  }
   builder.RegisterService(f->service.get());
   builder.RegisterService(&f->health);
   builder.RegisterService(f->kserve.get());
@@ -168,7 +177,7 @@ absl::StatusOr<std::unique_ptr<Front>> StartFront(const ServerConfig& c, const M
     return StepFailed("listen_failed", absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen)));
   f->health.SetServing(false);
   Log(LogLevel::kInfo, "grpc_listening", "address", c.listen, "port", bound_port, "tls", c.tls.mode(), "queue_policy",
-      QueuePolicyName(c.batcher.policy));
+      QueuePolicyName(c.batcher.policy), "unary_api", UnaryApiName(c.unary_api));
   return f;
 }
 
