@@ -17,6 +17,9 @@
 # server's drafthead_graph_batches_total and drafthead_ahead_batches_total against its batches.
 # OLD=PATH instead: this bundle's server ("on") against an older drafthead-server binary ("off"),
 # both with the same flags (FLAG unused; e.g. the previous bundle's, carried in bundle-gpu/old/).
+# ON="--flags..." OFF="--flags..." instead of FLAG: any two flag sets (e.g. ON=--unary-api=sync
+# OFF=--unary-api=callback). Rounds alternate which server goes first (on off, off on, ...): a
+# fixed order read ~15 % slower for the second of two identical servers (session 19).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/env.sh
@@ -41,12 +44,15 @@ echo "# commit: ${DH_COMMIT:-unknown} (the bundle's)"
 if [ -n "${OLD:-}" ]; then
   flag_name="new server"
   echo "# off: $OLD ($(stat -c %y "$OLD" | cut -c1-16)), on: this bundle's"
+elif [ -n "${ON:-}${OFF:-}" ]; then
+  flag_name="on: ${ON:-} / off: ${OFF:-}"
 fi
 for g in on off; do
   flag=true; [ $g = off ] && flag=false
   mports[$g]=$(port_pick)
   prog=$srv flag_arg=--$flag_name=$flag
   [ -n "${OLD:-}" ] && flag_arg= && [ $g = off ] && prog=$OLD
+  if [ -n "${ON:-}${OFF:-}" ]; then flag_arg=${ON:-}; [ $g = off ] && flag_arg=${OFF:-}; fi
   # shellcheck disable=SC2086
   serve "$prog" "$tmp/$g.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system --lanes=4 --max-rows=64 \
     $flag_arg --metrics-listen=127.0.0.1:${mports[$g]} || exit 1
@@ -56,7 +62,9 @@ done
 
 point_header
 for ((r = 0; r < rounds; ++r)); do
+  order="on off"; [ $((r % 2)) = 1 ] && order="off on"
   for spec in "grpc M=5 TOP_K|--rows=5 --mode=topk --k=8" "grpc M=1 ARGMAX|--rows=1 --mode=argmax" \
+              "grpc M=5 TOP_K blocking client|--rows=5 --mode=topk --k=8 --client-api=blocking" \
               "grpc M=64 TOP_K|--rows=64 --mode=topk --k=8" \
               "grpc c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --concurrency=64 --connections=4" \
               "grpc c=64 M=5 FULL bf16|--rows=5 --mode=full --dtype=bf16 --concurrency=64 --connections=4" \
@@ -64,7 +72,7 @@ for ((r = 0; r < rounds; ++r)); do
               "lane c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm --concurrency=64"; do
     label=${spec%%|*}
     flags=${spec#*|}
-    for g in on off; do
+    for g in $order; do
       port=${ports[$g]}
       # shellcheck disable=SC2086
       point "$label, --$flag_name $g (round $r)" $flags --duration=${secs}s
