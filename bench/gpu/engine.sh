@@ -17,6 +17,7 @@
 # server's drafthead_graph_batches_total and drafthead_ahead_batches_total against its batches.
 # OLD=PATH instead: this bundle's server ("on") against an older drafthead-server binary ("off"),
 # both with the same flags (FLAG unused; e.g. the previous bundle's, carried in bundle-gpu/old/).
+# POINTS=REGEX: only the points whose label matches (e.g. POINTS=grpc).
 # ON="--flags..." OFF="--flags..." instead of FLAG: any two flag sets (e.g. ON=--unary-api=sync
 # OFF=--unary-api=callback). Rounds alternate which server goes first (on off, off on, ...): a
 # fixed order read ~15 % slower for the second of two identical servers (session 19).
@@ -66,12 +67,14 @@ for ((r = 0; r < rounds; ++r)); do
   for spec in "grpc M=5 TOP_K|--rows=5 --mode=topk --k=8" "grpc M=1 ARGMAX|--rows=1 --mode=argmax" \
               "grpc M=5 TOP_K blocking client|--rows=5 --mode=topk --k=8 --client-api=blocking" \
               "grpc M=64 TOP_K|--rows=64 --mode=topk --k=8" \
+              "grpc M=5 FULL bf16|--rows=5 --mode=full --dtype=bf16" \
               "grpc c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --concurrency=64 --connections=4" \
               "grpc c=64 M=5 FULL bf16|--rows=5 --mode=full --dtype=bf16 --concurrency=64 --connections=4" \
               "lane M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm" "lane M=1 ARGMAX|--rows=1 --mode=argmax --lane=shm" \
               "lane c=64 M=5 TOP_K|--rows=5 --mode=topk --k=8 --lane=shm --concurrency=64"; do
     label=${spec%%|*}
     flags=${spec#*|}
+    [[ -n ${POINTS:-} && ! $label =~ $POINTS ]] && continue
     for g in $order; do
       port=${ports[$g]}
       # shellcheck disable=SC2086
