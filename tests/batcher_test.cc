@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -495,6 +497,75 @@ TEST(CompleterTest, AnswersFromTheEnginesBuffersInTurnInOrderBeforeDrainReturns)
     EXPECT_EQ(seen[i].gathered, buffers[n % 2].data()) << "answered from a copy";
     EXPECT_EQ(seen[i].bytes, pattern(n)) << "batch " << n << "'s payload was overwritten while answered";
   }
+}
+
+// Large answers (FULL_LOGITS, kParallelAnswerBytes in all) are answered by several threads, each
+// caller's requests on one thread in batch order, every request with its own rows, all before
+// Drain; small ones stay on the completer's one thread, in order.
+TEST(CompleterTest, LargeAnswersSpreadOverThreadsEachCallerInOrder) {
+  // One FULL bf16 row of this vocabulary is 2 MB of answer; the payload itself is never read here.
+  const ShardGeometry geo = ShardGeometry::Make(1, 0, 64, 1 << 20, 1 << 20);
+  PayloadLayout layout;
+  std::vector<uint8_t> gathered(16);
+  struct Seen {
+    std::thread::id thread;
+    uint64_t caller;
+    size_t index;
+    uint32_t row0;
+  };
+  absl::Mutex mu;
+  std::vector<Seen> seen;
+  auto batch = [&](RowMode mode, const std::vector<uint64_t>& callers) {
+    std::vector<BatchItem> items;
+    for (size_t i = 0; i < callers.size(); ++i) {
+      auto r = std::make_shared<PreparedRequest>();
+      r->rows = static_cast<uint32_t>(i % 3) + 1;
+      r->task.mode = mode;
+      r->task.dtype = OutDType::kBf16;
+      r->task.k = mode == RowMode::kFullLogits ? 0 : 8;
+      BatchItem it;
+      it.req = r;
+      it.caller = CallerKey{"stream", callers[i]};
+      it.enqueued = Clock::now();
+      it.done = [&, i, caller = callers[i]](const absl::Status& s, const BatchRowsResult* res) {
+        ASSERT_TRUE(s.ok());
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // answering takes a while
+        absl::MutexLock l(&mu);
+        seen.push_back({std::this_thread::get_id(), caller, i, res->row0});
+      };
+      items.push_back(std::move(it));
+    }
+    return items;
+  };
+  const std::vector<uint64_t> callers = {1, 2, 1, 3, 4, 2, 1, 5, 6, 3};
+  auto check = [&](size_t want_threads_at_least, size_t want_threads_at_most) {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(seen.size(), callers.size());
+    std::vector<uint32_t> row0(callers.size());
+    for (size_t i = 1; i < callers.size(); ++i) row0[i] = row0[i - 1] + static_cast<uint32_t>((i - 1) % 3) + 1;
+    std::map<uint64_t, std::pair<std::thread::id, size_t>> last;  // caller -> (thread, last index)
+    std::set<std::thread::id> threads;
+    for (const Seen& v : seen) {
+      EXPECT_EQ(v.row0, row0[v.index]) << "request " << v.index;
+      threads.insert(v.thread);
+      auto it = last.find(v.caller);
+      if (it != last.end()) {
+        EXPECT_EQ(it->second.first, v.thread) << "caller " << v.caller << " answered on two threads";
+        EXPECT_LT(it->second.second, v.index) << "caller " << v.caller << " answered out of order";
+      }
+      last[v.caller] = {v.thread, v.index};
+    }
+    EXPECT_GE(threads.size(), want_threads_at_least);
+    EXPECT_LE(threads.size(), want_threads_at_most);
+    seen.clear();
+  };
+  Completer c;
+  c.Submit(batch(RowMode::kFullLogits, callers), ResultOver(layout, gathered.data(), 16, geo, 20), Clock::now());
+  c.Drain();
+  check(2, 1 + Completer::kAnswerHelpers);
+  c.Submit(batch(RowMode::kTopK, callers), ResultOver(layout, gathered.data(), 16, geo, 20), Clock::now());
+  c.Drain();
+  check(1, 1);
 }
 
 // The engine runs at most one batch ahead of the answers: while a batch is being answered, the

@@ -1,17 +1,39 @@
 #include "server/sched/completer.h"
 
+#include <algorithm>
+#include <map>
+
 namespace drafthead {
+namespace {
+
+void AnswerOne(BatchItem& it, BatchRowsResult result, uint32_t row0, Clock::time_point started) {
+  result.row0 = row0;
+  result.queue_us = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(started - it.enqueued).count());
+  it.done(absl::OkStatus(), &result);
+}
+
+}  // namespace
 
 void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::time_point started) {
+  uint32_t row0 = result.row0;
   for (auto& it : items) {
-    result.queue_us = static_cast<uint32_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(started - it.enqueued).count());
-    it.done(absl::OkStatus(), &result);
-    result.row0 += it.req->rows;
+    AnswerOne(it, result, row0, started);
+    row0 += it.req->rows;
   }
 }
 
-Completer::Completer() : thread_([this] { Loop(); }) {}
+size_t AnswerBytes(const PreparedRequest& req, const ShardGeometry& geo) {
+  const RowTask& t = req.task;
+  if (t.mode == RowMode::kFullLogits)
+    return static_cast<size_t>(req.rows) * static_cast<size_t>(geo.vocab_size) * (t.dtype == OutDType::kBf16 ? 2 : 4);
+  return static_cast<size_t>(req.rows) * (static_cast<size_t>(t.k) * 8 + 8);
+}
+
+Completer::Completer() {
+  for (int i = 0; i < kAnswerHelpers; ++i) helpers_.emplace_back([this] { HelperLoop(); });
+  thread_ = std::thread([this] { Loop(); });
+}
 
 Completer::~Completer() {
   {
@@ -19,6 +41,80 @@ Completer::~Completer() {
     stop_ = true;
   }
   thread_.join();  // Loop answers every job before it sees stop_
+  {
+    absl::MutexLock l(&helper_mu_);
+    helpers_stop_ = true;
+  }
+  for (auto& h : helpers_) h.join();
+}
+
+void Completer::HelperLoop() {
+  for (;;) {
+    std::vector<std::function<void()>> share;
+    {
+      absl::MutexLock l(&helper_mu_);
+      helper_mu_.Await(absl::Condition(this, &Completer::HelperHasWorkOrStop));
+      if (shares_.empty()) return;
+      share = std::move(shares_.front());
+      shares_.pop_front();
+    }
+    for (auto& answer : share) answer();
+    absl::MutexLock l(&helper_mu_);
+    --shares_left_;
+  }
+}
+
+void Completer::Answer(Job& job) {
+  std::vector<BatchItem>& items = job.items;
+  const ShardGeometry* geo = job.result.geometry;
+  size_t total = 0;
+  if (geo != nullptr)
+    for (const auto& it : items) total += AnswerBytes(*it.req, *geo);
+  if (total < kParallelAnswerBytes || items.size() < 2 || helpers_.empty())
+    return AnswerBatch(items, job.result, job.started);
+  // Each caller's requests, in batch order, on one thread (a stream answers in order); callers
+  // spread over the shares by bytes, largest first.
+  struct Caller {
+    std::vector<size_t> items;
+    size_t bytes = 0;
+  };
+  std::map<CallerKey, Caller> callers;
+  std::vector<uint32_t> row0(items.size());
+  uint32_t r = job.result.row0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    row0[i] = r;
+    r += items[i].req->rows;
+    Caller& c = callers[items[i].caller];
+    c.items.push_back(i);
+    c.bytes += AnswerBytes(*items[i].req, *geo);
+  }
+  std::vector<Caller*> order;
+  for (auto& [key, c] : callers) order.push_back(&c);
+  std::stable_sort(order.begin(), order.end(), [](const Caller* a, const Caller* b) { return a->bytes > b->bytes; });
+  const size_t n_shares = std::min<size_t>(order.size(), helpers_.size() + 1);
+  std::vector<std::vector<size_t>> shares(n_shares);
+  std::vector<size_t> share_bytes(n_shares, 0);
+  for (const Caller* c : order) {
+    const size_t s = std::min_element(share_bytes.begin(), share_bytes.end()) - share_bytes.begin();
+    shares[s].insert(shares[s].end(), c->items.begin(), c->items.end());
+    share_bytes[s] += c->bytes;
+  }
+  for (auto& share : shares) std::sort(share.begin(), share.end());  // batch order within a share
+  auto calls = [&](const std::vector<size_t>& idx) {
+    std::vector<std::function<void()>> out;
+    for (size_t i : idx)
+      out.push_back([&items, &job, &row0, i] { AnswerOne(items[i], job.result, row0[i], job.started); });
+    return out;
+  };
+  {
+    absl::MutexLock l(&helper_mu_);
+    for (size_t s = 1; s < n_shares; ++s) shares_.push_back(calls(shares[s]));
+    shares_left_ += static_cast<int>(n_shares - 1);
+  }
+  for (auto& answer : calls(shares[0])) answer();
+  // The payload and `items` must outlive every share: wait for the helpers' before returning.
+  absl::MutexLock l(&helper_mu_);
+  helper_mu_.Await(absl::Condition(this, &Completer::SharesDone));
 }
 
 void Completer::Submit(std::vector<BatchItem> items, const BatchRowsResult& result,
@@ -52,7 +148,7 @@ void Completer::Loop() {
       jobs_.pop_front();
       running_ = true;
     }
-    AnswerBatch(job.items, job.result, job.started);
+    Answer(job);
     absl::MutexLock l(&mu_);
     running_ = false;
   }
