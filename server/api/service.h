@@ -3,7 +3,8 @@
 // Batcher and is completed by whoever answers the batch (the batch loop, the completer, or its own
 // thread in an inline run); no callback handler blocks. A sync ComputeLogits blocks the thread gRPC
 // polled it with until its answer (an inline run answers on that thread; else until the batch
-// loop's or the completer's done() wakes it), never past the call's deadline plus kSyncAnswerGrace.
+// loop's or the completer's done() wakes it), never past the call's deadline plus kSyncAnswerGrace
+// (a call without a deadline: until answered, which a closing batcher does at once).
 // absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
