@@ -1,7 +1,7 @@
 // server/app/config.h's rules: the one device rule (ChooseDevice) that the CUDA backend, NCCL and
 // CUDA regions all take their GPU from (the visible count injected, so no GPU is needed), and the
-// forms --listen accepts (CheckListenAddress), --queue-policy reaching the batcher's options, and
-// --isa reaching the CPU backend's.
+// forms --listen accepts (CheckListenAddress), --queue-policy reaching the batcher's options,
+// --unary-api and --sync-max-pollers the front's, and --isa reaching the CPU backend's.
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -13,6 +13,8 @@ ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, synthetic);
 ABSL_DECLARE_FLAG(std::string, queue_policy);
 ABSL_DECLARE_FLAG(std::string, isa);
+ABSL_DECLARE_FLAG(std::string, unary_api);
+ABSL_DECLARE_FLAG(uint32_t, sync_max_pollers);
 
 namespace drafthead {
 namespace {
@@ -80,6 +82,34 @@ TEST(ServerConfigTest, QueuePolicyReachesTheBatcher) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--queue-policy"), std::string::npos) << bad.status();
   absl::SetFlag(&FLAGS_queue_policy, "fair");
+}
+
+// --unary-api: callback by default, sync on request, anything else refused naming the flag;
+// --sync-max-pollers within 1..1024.
+TEST(ServerConfigTest, UnaryApiAndPollersReachTheFront) {
+  absl::SetFlag(&FLAGS_tp, 1);
+  absl::SetFlag(&FLAGS_synthetic, std::optional<uint64_t>(1));
+  auto dflt = ServerConfigFromFlags();
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_EQ(dflt->unary_api, UnaryApi::kCallback);
+  EXPECT_EQ(dflt->sync_max_pollers, 256u);
+  absl::SetFlag(&FLAGS_unary_api, "sync");
+  absl::SetFlag(&FLAGS_sync_max_pollers, 8u);
+  auto sync = ServerConfigFromFlags();
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_EQ(sync->unary_api, UnaryApi::kSync);
+  EXPECT_EQ(sync->sync_max_pollers, 8u);
+  absl::SetFlag(&FLAGS_sync_max_pollers, 0u);
+  auto no_pollers = ServerConfigFromFlags();
+  ASSERT_FALSE(no_pollers.ok());
+  EXPECT_NE(no_pollers.status().message().find("--sync-max-pollers"), std::string::npos) << no_pollers.status();
+  absl::SetFlag(&FLAGS_sync_max_pollers, 256u);
+  absl::SetFlag(&FLAGS_unary_api, "async");
+  auto bad = ServerConfigFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--unary-api"), std::string::npos) << bad.status();
+  absl::SetFlag(&FLAGS_unary_api, "callback");
 }
 
 // --isa: auto by default (the widest GEMV this CPU has), an explicit path passed through as it is

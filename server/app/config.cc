@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, unary_api, "callback",
           "gRPC API of the unary ComputeLogits: callback (a callback pool thread runs each call) or "
           "sync (the thread that polled the call runs it: one thread hand-off less, a thread blocked "
           "per call in flight)");
+ABSL_FLAG(uint32_t, sync_max_pollers, 256,
+          "--unary-api=sync: threads kept polling for calls (1..1024); a thread done with a call "
+          "exits when this many already poll");
 ABSL_FLAG(uint32_t, max_queue_rows, 4096, "Rows allowed to wait; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_caller_queue_rows, drafthead::BatcherOptions{}.max_caller_queue_rows,
           "Rows one caller (a stream, one connection's unary calls) may have waiting; more are refused "
@@ -200,6 +203,8 @@ absl::Status ResolveLimits(ServerConfig& c) {
   c.batcher.max_caller_queue_rows = caller_rows == 0 ? 0 : std::max(caller_rows, max_rows);
   if (const std::string api = absl::GetFlag(FLAGS_unary_api); !ParseUnaryApi(api, &c.unary_api))
     return Bad(absl::StrCat("--unary-api must be callback or sync, not '", api, "'"));
+  c.sync_max_pollers = absl::GetFlag(FLAGS_sync_max_pollers);
+  if (c.sync_max_pollers < 1 || c.sync_max_pollers > 1024) return Bad("--sync-max-pollers must be in 1..1024");
   const std::string policy = absl::GetFlag(FLAGS_queue_policy);
   if (!ParseQueuePolicy(policy, &c.batcher.policy))
     return Bad(absl::StrCat("--queue-policy must be fair or fifo, not '", policy, "'"));

@@ -65,6 +65,7 @@ struct ServerConfig {
   BatcherOptions batcher;      // .max_rows: the most rows in one request and one batch
   uint32_t max_top_k = 256;
   UnaryApi unary_api = UnaryApi::kCallback;  // --unary-api: which gRPC API serves ComputeLogits
+  uint32_t sync_max_pollers = 256;           // --sync-max-pollers (kSync only)
   regions::RegistryOptions shared_memory;  // --shared-memory (both kinds off by default)
   uint32_t lanes = 0;                      // --lanes: same-host lanes open at once (0: off)
   std::chrono::microseconds lane_spin{50};  // --lane-spin-us
