@@ -5,9 +5,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -340,6 +341,46 @@ void WriteSafetensors(const std::string& path,
 
 std::string Bytes(const std::vector<uint16_t>& v, size_t begin, size_t count) {
   return std::string(reinterpret_cast<const char*>(v.data() + begin), count * 2);
+}
+
+// --unary-api=sync: the real server's unary calls on gRPC's synchronous API: every mode against
+// the reference, 32 callers at once (queued calls block their threads until answered), and a
+// SIGTERM drains and exits 0.
+TEST_F(E2E, SyncUnaryApiServesEveryModeUnderLoadAndDrains) {
+  const int64_t rows = 4100, vocab = 4000;
+  auto args = Base(1);
+  for (auto a : {"--synthetic=7", "--hidden-size=256", "--padded-vocab=4100", "--vocab-size=4000",
+                 "--max-top-k=64", "--unary-api=sync", "--sync-max-pollers=8"})
+    args.push_back(a);
+  ServerProcess p(args, dir_ + "/server.log");
+  ASSERT_TRUE(WaitServing(p, target_, std::chrono::seconds(60))) << p.Log();
+  auto stub = v1::DraftHead::NewStub(Channel(target_));
+  std::vector<uint16_t> w(rows * kK);
+  SynthesizeRows(7, 0, rows, kK, w.data());
+  CheckAgainstReference(*stub, w, rows, 1, vocab);
+
+  const auto x = ref::RandomBf16(3 * kK, 5);
+  v1::LogitsResponse want;
+  ASSERT_TRUE(Call(*stub, Req(x, 3, v1::ARGMAX), &want).ok());
+  std::atomic<int> ok{0}, wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 32; ++t)
+    callers.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        v1::LogitsResponse r;
+        if (!Call(*stub, Req(x, 3, v1::ARGMAX), &r).ok()) continue;
+        (std::equal(r.token_ids().begin(), r.token_ids().end(), want.token_ids().begin(), want.token_ids().end()) ? ok : wrong)++;
+      }
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(ok.load(), 320);
+  EXPECT_EQ(wrong.load(), 0);
+
+  kill(p.pid(), SIGTERM);
+  const int st = p.Wait(std::chrono::seconds(20));
+  ASSERT_NE(st, -1) << "no exit after SIGTERM\n" << p.Log();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << p.Log();
+  EXPECT_NE(p.Log().find("unary_api=sync"), std::string::npos) << p.Log();
 }
 
 TEST_F(E2E, ShardedCheckpointDirectoryAndTwinFile) {
