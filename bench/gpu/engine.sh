@@ -46,7 +46,8 @@ if [ -n "${OLD:-}" ]; then
   flag_name="new server"
   echo "# off: $OLD ($(stat -c %y "$OLD" | cut -c1-16)), on: this bundle's"
 elif [ -n "${ON:-}${OFF:-}" ]; then
-  flag_name="on: ${ON:-} / off: ${OFF:-}"
+  flag_name="ON/OFF"
+  echo "# on: ${ON:-(no flags)}, off: ${OFF:-(no flags)}"
 fi
 for g in on off; do
   flag=true; [ $g = off ] && flag=false
