@@ -2,7 +2,8 @@
 // (one_rank_server.h): the same answers bit for bit in every mode, run inline on an idle engine and
 // queued behind a stopped batch loop (then another thread's done() wakes the blocked handler);
 // deadlines met or answered DEADLINE_EXCEEDED; blocked handlers neither starve the other RPCs nor
-// outlive a failed group. About two seconds.
+// outlive a failed group. And the callback API's answer: full logits moved into the sent buffer,
+// not copied, parsing back to the same response. About two seconds.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "one_rank_server.h"
+#include "server/api/stream_budget.h"
 #include "reference.h"
 
 namespace drafthead {
@@ -139,6 +141,44 @@ TEST(UnaryApiTest, BlockedSyncHandlersLeaveOtherRpcsAnsweredAndEndWithTheGroup) 
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   s.StartLoop();  // the destructor stops it (a closed queue: nothing runs)
+}
+
+// SerializeLogitsResponse: a full-logits answer goes out as two slices, the second the response's
+// own logits bytes (moved, not copied), and parses back to the response; a small one as one.
+TEST(UnaryApiTest, FullLogitsAnswersAreSentWithoutCopyingTheirLogits) {
+  v1::LogitsResponse full;
+  full.set_request_id(77);
+  full.set_rows(3);
+  full.set_vocab_size(40000);
+  full.set_logits_dtype(v1::BF16);
+  std::string logits(3 * 40000 * 2, '\0');
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<char>(i * 131 + 7);
+  full.set_logits(logits);
+  full.mutable_timing()->set_gemv_us(123);
+  const std::string want = full.SerializeAsString();
+  const char* bytes = full.logits().data();
+  grpc::ByteBuffer out;
+  ASSERT_TRUE(SerializeLogitsResponse(&full, &out).ok());
+  EXPECT_TRUE(full.logits().empty());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(out.Dump(&slices).ok());
+  ASSERT_EQ(slices.size(), 2u);
+  EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), bytes) << "the logits were copied";
+  EXPECT_EQ(out.Length(), want.size());
+  v1::LogitsResponse back;
+  ASSERT_TRUE(ParseRequest(&out, &back).ok());
+  EXPECT_EQ(back.SerializeAsString(), want);
+
+  v1::LogitsResponse small;
+  small.set_request_id(5);
+  small.add_token_ids(17);
+  small.add_values(2.5f);
+  const std::string want_small = small.SerializeAsString();
+  grpc::ByteBuffer out_small;
+  ASSERT_TRUE(SerializeLogitsResponse(&small, &out_small).ok());
+  v1::LogitsResponse back_small;
+  ASSERT_TRUE(ParseRequest(&out_small, &back_small).ok());
+  EXPECT_EQ(back_small.SerializeAsString(), want_small);
 }
 
 }  // namespace

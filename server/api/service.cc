@@ -52,10 +52,10 @@ DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::M
     : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {
   if (unary_api == UnaryApi::kCallback) {
     // Method 0 is ComputeLogits, the proto's first rpc (rpcs are added, never renumbered), as the
-    // generated WithCallbackMethod_ComputeLogits marks it.
-    MarkMethodCallback(0, new grpc::internal::CallbackUnaryHandler<v1::LogitsRequest, v1::LogitsResponse>(
-                              [this](grpc::CallbackServerContext* ctx, const v1::LogitsRequest* req,
-                                     v1::LogitsResponse* resp) { return ComputeLogitsCallback(ctx, req, resp); }));
+    // generated WithRawCallbackMethod_ComputeLogits marks it.
+    MarkMethodRawCallback(0, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                                 [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) { return ComputeLogitsCallback(ctx, req, resp); }));
   }
 }
 
@@ -155,14 +155,21 @@ CallerKey DraftHeadService::UnaryCaller(const grpc::ServerContextBase& ctx) {
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::ComputeLogitsCallback(grpc::CallbackServerContext* ctx,
-                                                                  const v1::LogitsRequest* req,
-                                                                  v1::LogitsResponse* resp) {
+                                                                  const grpc::ByteBuffer* req,
+                                                                  grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::ByteBuffer in = *req;  // shares the slices; ParseRequest empties its argument
+  v1::LogitsRequest parsed;
+  if (absl::Status s = ParseRequest(&in, &parsed); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   Submit(
-      ctx, *req,
+      ctx, parsed,
       [reactor, resp](const absl::Status& s, v1::LogitsResponse* r) {
-        if (s.ok() && r != nullptr) resp->Swap(r);
-        reactor->Finish(ToGrpcStatus(s));
+        absl::Status answered = s;
+        if (answered.ok()) answered = r == nullptr ? absl::InternalError("no answer") : SerializeLogitsResponse(r, resp);
+        reactor->Finish(ToGrpcStatus(answered));
       },
       /*may_run_inline=*/true);
   return reactor;
@@ -323,7 +330,7 @@ class DraftHeadService::StreamReactor : public grpc::ServerBidiReactor<grpc::Byt
     auto answer = [this, slot, id = req.request_id()](const absl::Status& s, v1::LogitsResponse* r) {
       absl::Status serialized = !s.ok()          ? s
                                 : r == nullptr ? absl::InternalError("no answer")
-                                               : SerializeAnswer(*r, &slot->answer);
+                                               : SerializeLogitsResponse(r, &slot->answer);
       if (r != nullptr) r->Clear();  // the buffer is the one copy held from here on
       if (!serialized.ok()) {  // answered in-band
         v1::LogitsResponse failed;

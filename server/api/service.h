@@ -70,9 +70,10 @@ class DraftHeadService final : public DraftHeadServiceBase {
   // Where every request's outcome is recorded (both APIs'); null: nowhere (tests).
   const Metrics* metrics() const { return metrics_; }
 
-  // ComputeLogits on the callback API (UnaryApi::kCallback) and on the sync API (kSync).
+  // ComputeLogits on the callback API (UnaryApi::kCallback: raw, so that a full-logits answer is
+  // sent without copying its logits, SerializeLogitsResponse) and on the sync API (kSync).
   grpc::ServerUnaryReactor* ComputeLogitsCallback(grpc::CallbackServerContext* ctx,
-                                                  const v1::LogitsRequest* req, v1::LogitsResponse* resp);
+                                                  const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
   grpc::Status ComputeLogits(grpc::ServerContext* ctx, const v1::LogitsRequest* req,
                              v1::LogitsResponse* resp) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamLogits(

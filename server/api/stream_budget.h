@@ -47,6 +47,11 @@ struct StreamBudgetOptions {
 // gRPC has written it (StartWrite refers to its slices, it copies nothing), so the budget counts
 // exactly out->Length(). INTERNAL if it cannot be (over protobuf's 2 GiB).
 absl::Status SerializeAnswer(const google::protobuf::MessageLite& answer, grpc::ByteBuffer* out);
+// SerializeAnswer for a LogitsResponse, without copying its logits: they are moved out of `answer`
+// into a slice of their own (freed when gRPC is done with it), after the rest serialized with the
+// logits field's tag and length (fields may come in any order on the wire). `answer` is left
+// without its logits. Small answers are serialized as SerializeAnswer does.
+absl::Status SerializeLogitsResponse(v1::LogitsResponse* answer, grpc::ByteBuffer* out);
 // A raw stream's request parsed from what gRPC read (`in` is emptied); INVALID_ARGUMENT when the
 // bytes are not a `msg`.
 absl::Status ParseRequest(grpc::ByteBuffer* in, google::protobuf::MessageLite* msg);
