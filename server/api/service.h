@@ -8,6 +8,8 @@
 // absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
+// ComputeLogits on the callback API is raw too: a full-logits answer's logits are moved into the
+// buffer gRPC sends, not copied (SerializeLogitsResponse).
 //
 // Callers (batcher.h's CallerKey, the unit of fair queueing): each StreamLogits stream is one
 // ("stream"); the unary calls of one connection (ctx->peer(): one client channel) are one
