@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "one_rank_server.h"
-#include "server/api/stream_budget.h"
+#include "server/api/raw_messages.h"
 #include "reference.h"
 
 namespace drafthead {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/api/kserve_shm.h"
+#include "server/api/raw_messages.h"
 
 namespace drafthead {
 namespace {

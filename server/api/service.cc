@@ -11,6 +11,7 @@
 #include "common/caller_header.h"
 #include "common/status_macros.h"
 #include "server/api/response.h"
+#include "server/api/raw_messages.h"
 
 namespace drafthead {
 

@@ -1,12 +1,6 @@
 #include "server/api/stream_budget.h"
 
-#include <grpcpp/impl/codegen/proto_utils.h>
-#include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/proto_buffer_writer.h>
-
 #include <algorithm>
-#include <memory>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -22,47 +16,6 @@ int64_t NowNs() {
 
 }  // namespace
 
-absl::Status SerializeAnswer(const google::protobuf::MessageLite& answer, grpc::ByteBuffer* out) {
-  bool own = false;
-  const grpc::Status s = grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(
-      answer, out, &own);
-  if (!s.ok()) return absl::InternalError(absl::StrCat("the answer could not be serialized: ", s.error_message()));
-  return absl::OkStatus();
-}
-
-absl::Status SerializeLogitsResponse(v1::LogitsResponse* answer, grpc::ByteBuffer* out) {
-  // Below this the copy costs less than a second slice.
-  constexpr size_t kMoveLogitsBytes = 64 << 10;
-  if (answer->logits().size() < kMoveLogitsBytes) return SerializeAnswer(*answer, out);
-  std::unique_ptr<std::string> logits(answer->release_logits());
-  std::string head;
-  if (!answer->SerializeToString(&head))
-    return absl::InternalError("the answer could not be serialized");
-  // The logits field's key (field number, wire type 2: length-delimited), then the length.
-  static_assert(v1::LogitsResponse::kLogitsFieldNumber < 16, "a one-byte key");
-  head.push_back(static_cast<char>(v1::LogitsResponse::kLogitsFieldNumber << 3 | 2));
-  for (uint64_t n = logits->size(); ; n >>= 7) {
-    if (n < 0x80) {
-      head.push_back(static_cast<char>(n));
-      break;
-    }
-    head.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  grpc::Slice parts[2] = {grpc::Slice(head),
-                          grpc::Slice(logits->data(), logits->size(),
-                                      [](void* s) { delete static_cast<std::string*>(s); }, logits.get())};
-  logits.release();  // the slice owns it now
-  *out = grpc::ByteBuffer(parts, 2);
-  return absl::OkStatus();
-}
-
-absl::Status ParseRequest(grpc::ByteBuffer* in, google::protobuf::MessageLite* msg) {
-  const grpc::Status s =
-      grpc::GenericDeserialize<grpc::ProtoBufferReader, google::protobuf::MessageLite>(in, msg);
-  if (!s.ok())
-    return absl::InvalidArgumentError(absl::StrCat("the message is not a ", msg->GetTypeName(), ": ", s.error_message()));
-  return absl::OkStatus();
-}
 
 uint64_t ExpectedAnswerBytes(const v1::LogitsRequest& req, int64_t vocab_size) {
   const uint64_t rows = std::max<uint32_t>(req.rows(), 1);

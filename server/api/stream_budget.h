@@ -2,7 +2,7 @@
 // stream and one for the whole server, so that a caller who never reads costs only itself.
 //
 // A stream reserves its answer's expected size (ExpectedAnswerBytes) when it reads a request,
-// settles that to the real size when the answer is ready (serialized once, SerializeAnswer: the
+// settles that to the real size when the answer is ready (serialized once, raw_messages.h: the
 // bytes counted are the bytes held), and releases it once gRPC has written the answer
 // (OnWriteDone) or it is dropped. A stream reads its next request only while MayRead(): it
 // holds nothing, or its bytes are under the per-stream budget and the server's under the total.
@@ -27,8 +27,6 @@
 #include <set>
 #include <thread>
 
-#include <grpcpp/support/byte_buffer.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -42,19 +40,6 @@ struct StreamBudgetOptions {
   std::chrono::milliseconds stall_limit{20000};  // --stream-stall-timeout
   std::chrono::milliseconds watch_period{100};   // how often the watchdog looks
 };
-
-// A raw stream's answer serialized once into `out`: the one copy the server holds from then until
-// gRPC has written it (StartWrite refers to its slices, it copies nothing), so the budget counts
-// exactly out->Length(). INTERNAL if it cannot be (over protobuf's 2 GiB).
-absl::Status SerializeAnswer(const google::protobuf::MessageLite& answer, grpc::ByteBuffer* out);
-// SerializeAnswer for a LogitsResponse, without copying its logits: they are moved out of `answer`
-// into a slice of their own (freed when gRPC is done with it), after the rest serialized with the
-// logits field's tag and length (fields may come in any order on the wire). `answer` is left
-// without its logits. Small answers are serialized as SerializeAnswer does.
-absl::Status SerializeLogitsResponse(v1::LogitsResponse* answer, grpc::ByteBuffer* out);
-// A raw stream's request parsed from what gRPC read (`in` is emptied); INVALID_ARGUMENT when the
-// bytes are not a `msg`.
-absl::Status ParseRequest(grpc::ByteBuffer* in, google::protobuf::MessageLite* msg);
 
 // An upper bound of the answer to `req` in bytes (rows x vocab x 4 for full logits; ids, values
 // and probabilities for the others), before it is computed.
