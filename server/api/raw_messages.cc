@@ -4,6 +4,9 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <memory>
 #include <string>
 
@@ -27,16 +30,14 @@ absl::Status SerializeLogitsResponse(v1::LogitsResponse* answer, grpc::ByteBuffe
   std::string head;
   if (!answer->SerializeToString(&head))
     return absl::InternalError("the answer could not be serialized");
-  // The logits field's key (field number, wire type 2: length-delimited), then the length.
-  static_assert(v1::LogitsResponse::kLogitsFieldNumber < 16, "a one-byte key");
-  head.push_back(static_cast<char>(v1::LogitsResponse::kLogitsFieldNumber << 3 | 2));
-  for (uint64_t n = logits->size(); ; n >>= 7) {
-    if (n < 0x80) {
-      head.push_back(static_cast<char>(n));
-      break;
-    }
-    head.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
+  // The logits field's key (length-delimited), then the length.
+  using google::protobuf::internal::WireFormatLite;
+  using google::protobuf::io::CodedOutputStream;
+  uint8_t key[16];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(
+      WireFormatLite::MakeTag(v1::LogitsResponse::kLogitsFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), key);
+  end = CodedOutputStream::WriteVarint64ToArray(logits->size(), end);
+  head.append(reinterpret_cast<const char*>(key), end - key);
   grpc::Slice parts[2] = {grpc::Slice(head),
                           grpc::Slice(logits->data(), logits->size(),
                                       [](void* s) { delete static_cast<std::string*>(s); }, logits.get())};

@@ -50,7 +50,7 @@ Completer::~Completer() {
 
 void Completer::HelperLoop() {
   for (;;) {
-    std::vector<std::function<void()>> share;
+    std::function<void()> share;
     {
       absl::MutexLock l(&helper_mu_);
       helper_mu_.Await(absl::Condition(this, &Completer::HelperHasWorkOrStop));
@@ -58,7 +58,7 @@ void Completer::HelperLoop() {
       share = std::move(shares_.front());
       shares_.pop_front();
     }
-    for (auto& answer : share) answer();
+    share();
     absl::MutexLock l(&helper_mu_);
     --shares_left_;
   }
@@ -99,19 +99,16 @@ void Completer::Answer(Job& job) {
     shares[s].insert(shares[s].end(), c->items.begin(), c->items.end());
     share_bytes[s] += c->bytes;
   }
-  for (auto& share : shares) std::sort(share.begin(), share.end());  // batch order within a share
-  auto calls = [&](const std::vector<size_t>& idx) {
-    std::vector<std::function<void()>> out;
-    for (size_t i : idx)
-      out.push_back([&items, &job, &row0, i] { AnswerOne(items[i], job.result, row0[i], job.started); });
-    return out;
+  auto answer_share = [&](std::vector<size_t>& idx) {
+    std::sort(idx.begin(), idx.end());  // batch order within a share
+    for (size_t i : idx) AnswerOne(items[i], job.result, row0[i], job.started);
   };
   {
     absl::MutexLock l(&helper_mu_);
-    for (size_t s = 1; s < n_shares; ++s) shares_.push_back(calls(shares[s]));
+    for (size_t s = 1; s < n_shares; ++s) shares_.push_back([&answer_share, &shares, s] { answer_share(shares[s]); });
     shares_left_ += static_cast<int>(n_shares - 1);
   }
-  for (auto& answer : calls(shares[0])) answer();
+  answer_share(shares[0]);
   // The payload and `items` must outlive every share: wait for the helpers' before returning.
   absl::MutexLock l(&helper_mu_);
   helper_mu_.Await(absl::Condition(this, &Completer::SharesDone));

@@ -78,9 +78,9 @@ class Completer {
   bool running_ ABSL_GUARDED_BY(mu_) = false;  // the thread is answering a job taken off jobs_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
-  // The helpers' work: shares of the batch being answered, each a list of calls to make in order.
+  // The helpers' work: shares of the batch being answered, each answering its requests in order.
   mutable absl::Mutex helper_mu_;
-  std::deque<std::vector<std::function<void()>>> shares_ ABSL_GUARDED_BY(helper_mu_);
+  std::deque<std::function<void()>> shares_ ABSL_GUARDED_BY(helper_mu_);
   int shares_left_ ABSL_GUARDED_BY(helper_mu_) = 0;  // handed out and not yet finished
   bool helpers_stop_ ABSL_GUARDED_BY(helper_mu_) = false;
   std::vector<std::thread> helpers_;
