@@ -2,12 +2,14 @@
 // references, and the NCCL collective on one GPU. Skips (GTEST_SKIP) where no GPU is present.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/shard_reduce.h"
 #include "kernels/cpu/thread_pool.h"
@@ -583,6 +585,128 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       in = next_in;
     }
   }
+}
+
+// FULL_LOGITS rows copied from the device payload straight into device memory
+// (BatchControl::device_out, as a CUDA logits_region is served at tp = 1): each destination row
+// holds the row's valid columns as the host payload has them, and nothing past them in its pitch;
+// the host payload keeps every other row's answer. Graphs and eager launches, alone and launched
+// ahead, blocks of bf16 and fp32 rows among reductions, the last rows on the host or not. A bad
+// entry is refused with nothing launched.
+TEST(CudaBackend, RowsCopiedToDeviceMemoryMatchThePayload) {
+  DH_SKIP_WITHOUT_GPU();
+  ShardWeights host = MakeShard(true);
+  const int64_t S = host.geo.shard_rows, K = host.geo.hidden, V = host.geo.valid_cols();
+  constexpr int kBatches = 8;
+  const size_t per_batch = 3 * V * 2 + 4 * (V * 4 + 64) + 256;  // each batch's own destination
+  const size_t dst_bytes = kBatches * per_batch;
+  uint8_t* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&dst, dst_bytes), cudaSuccess);
+  std::vector<uint8_t> back(dst_bytes);
+  for (auto [graphs, launch_ahead] : {std::pair{true, false}, std::pair{false, false},
+                                      std::pair{true, true}, std::pair{false, true}}) {
+    BackendOptions opt;
+    opt.device = 0;
+    opt.cuda_graphs = graphs;
+    opt.max_rows = 64;
+    auto be = MakeCudaBackend(opt, 0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    ShardWeights w = host;
+    ASSERT_TRUE((*be)->Load(std::move(w)).ok());
+    struct B {
+      BatchControl ctl{};
+      std::vector<uint16_t> x;
+      std::vector<uint8_t> alone;  // the same rows without device_out
+    };
+    std::vector<B> chain;
+    for (int b = 0; b < kBatches; ++b) {
+      B c;
+      // [full bf16 x n1][top-k][full fp32 x n2], + [argmax] on odd b: blocks inside and at the end.
+      const uint32_t n1 = 1 + b % 3, n2 = 1 + (b * 5) % 4;
+      std::vector<RowTask> tasks;
+      for (uint32_t i = 0; i < n1; ++i)
+        tasks.push_back(Task(RowMode::kFullLogits, RowHead::kFp8Twin, 0, OutDType::kBf16, 1.f, 0, i));
+      tasks.push_back(Task(RowMode::kTopK, RowHead::kFp8Twin, 8));
+      for (uint32_t i = 0; i < n2; ++i)
+        tasks.push_back(Task(RowMode::kFullLogits, RowHead::kFp8Twin, 0, OutDType::kFp32, 1.f, 0, i));
+      if (b % 2) tasks.push_back(Task(RowMode::kArgmax, RowHead::kFp8Twin));
+      c.ctl.rows = static_cast<uint32_t>(tasks.size());
+      for (size_t i = 0; i < tasks.size(); ++i) c.ctl.tasks[i] = tasks[i];
+      c.x.resize(static_cast<size_t>(c.ctl.rows) * K);
+      for (size_t i = 0; i < c.x.size(); ++i) c.x[i] = FloatToBf16(Gauss(300 + b, i));
+      c.alone = RunPayload(**be, tasks, c.x, S);
+      // bf16 rows packed (pitch = width), then fp32 rows with 64 bytes between them.
+      uint8_t* mine = dst + b * per_batch;
+      c.ctl.device_outs = 2;
+      c.ctl.device_out[0] = DeviceRowsOut{0, n1, static_cast<uint64_t>(V) * 2, mine};
+      c.ctl.device_out[1] = DeviceRowsOut{n1 + 1, n2, static_cast<uint64_t>(V) * 4 + 64, mine + n1 * V * 2};
+      chain.push_back(std::move(c));
+    }
+    ASSERT_EQ(cudaMemset(dst, 0xA5, dst_bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::vector<uint8_t>> host_payloads;
+    bool launched = false;
+    for (size_t b = 0; b < chain.size(); ++b) {
+      if (!launched) {
+        ASSERT_TRUE((*be)->Launch(chain[b].ctl, chain[b].x.data(), MemorySpace::kHost).ok());
+      }
+      launched = false;
+      auto out = (*be)->Finish([&] {
+        // Behind this one on the stream, its epilogue writing the device payload this batch's
+        // copies read: they must read this batch's rows.
+        if (launch_ahead && b + 1 < chain.size()) {
+          ASSERT_TRUE((*be)->Launch(chain[b + 1].ctl, chain[b + 1].x.data(), MemorySpace::kHost).ok());
+          launched = true;
+        }
+      });
+      ASSERT_TRUE(out.ok()) << out.status();
+      const auto* p = static_cast<const uint8_t*>(*out);
+      const PayloadLayout layout = MakePayloadLayout(chain[b].ctl.tasks, chain[b].ctl.rows, S);
+      host_payloads.emplace_back(p, p + layout.bytes());
+    }
+    ASSERT_EQ(cudaMemcpy(back.data(), dst, dst_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t b = 0; b < chain.size(); ++b) {
+      const B& c = chain[b];
+      const std::string where = absl::StrCat("batch ", b, ", graphs ", graphs, ", launch ahead ", launch_ahead);
+      const PayloadLayout layout = MakePayloadLayout(c.ctl.tasks, c.ctl.rows, S);
+      size_t used = b * per_batch;
+      for (uint32_t e = 0; e < c.ctl.device_outs; ++e) {
+        const DeviceRowsOut& o = c.ctl.device_out[e];
+        const size_t width = static_cast<size_t>(V) * (c.ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+        const size_t at = static_cast<uint8_t*>(o.dst) - dst;
+        for (uint32_t r = 0; r < o.rows; ++r) {
+          const uint8_t* got = back.data() + at + r * o.dst_pitch;
+          const uint8_t* want = c.alone.data() + layout.row_offset[o.row0 + r];
+          EXPECT_TRUE(std::equal(got, got + width, want)) << where << ", row " << o.row0 + r;
+          EXPECT_TRUE(std::all_of(got + width, got + o.dst_pitch, [](uint8_t v) { return v == 0xA5; }))
+              << where << ", row " << o.row0 + r << ": written past its width";
+        }
+        used = at + o.rows * o.dst_pitch;
+      }
+      EXPECT_TRUE(std::all_of(back.begin() + used, back.begin() + (b + 1) * per_batch,
+                              [](uint8_t v) { return v == 0xA5; })) << where << ": written past its rows";
+      // The reductions' answers in the host payload (the rows copied out are unspecified there).
+      const std::vector<uint8_t>& p = host_payloads[b];
+      const size_t topk = layout.row_offset[c.ctl.device_out[0].rows];
+      const size_t answer = sizeof(SoftmaxPartial) + 8 * sizeof(Candidate);
+      ASSERT_GE(p.size(), topk + answer) << where;
+      EXPECT_TRUE(std::equal(p.begin() + topk, p.begin() + topk + answer, c.alone.begin() + topk)) << where;
+      if (b % 2) {
+        const size_t last = layout.row_offset[c.ctl.rows - 1];
+        EXPECT_TRUE(std::equal(p.begin() + last, p.begin() + last + sizeof(SoftmaxPartial) + sizeof(Candidate),
+                               c.alone.begin() + last)) << where;
+      }
+    }
+    // A bad entry: refused, nothing launched.
+    BatchControl bad = chain[0].ctl;
+    bad.device_out[0].dst_pitch = 16;
+    EXPECT_EQ((*be)->Launch(bad, chain[0].x.data(), MemorySpace::kHost).code(), absl::StatusCode::kInvalidArgument);
+    bad = chain[0].ctl;
+    bad.device_out[1].row0 -= 1;  // names the TOP_K row
+    EXPECT_EQ((*be)->Launch(bad, chain[0].x.data(), MemorySpace::kHost).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*be)->Finish(nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  cudaFree(dst);
 }
 
 TEST(CudaBackend, RefusesAMissingDevice) {

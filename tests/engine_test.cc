@@ -81,6 +81,7 @@ class HostAsDeviceBackend : public ComputeBackend {
   absl::StatusOr<LoadReport> Load(ShardWeights w) override {
     k_ = static_cast<size_t>(w.geo.hidden);
     shard_rows_ = w.geo.shard_rows;
+    geo_ = w.geo;
     return cpu_->Load(std::move(w));
   }
   bool has_bf16() const override { return cpu_->has_bf16(); }
@@ -96,6 +97,7 @@ class HostAsDeviceBackend : public ComputeBackend {
     return static_cast<const uint16_t*>(drows_.data());
   }
   absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
+    DH_RETURN_IF_ERROR(CheckDeviceRowsOut(ctl, geo_));
     const uint32_t rows = ctl.rows;
     in_.resize(rows * k_);
     if (x == drows_.data()) {
@@ -106,17 +108,37 @@ class HostAsDeviceBackend : public ComputeBackend {
     } else {
       std::copy_n(x, rows * k_, in_.data());
     }
-    DH_RETURN_IF_ERROR(cpu_->Launch(ctl, in_.data(), MemorySpace::kHost));
-    launched_.push_back({space, MakePayloadLayout(ctl.tasks, static_cast<int>(rows), shard_rows_).bytes()});
+    BatchControl host_ctl = ctl;  // the CPU backend computes; the rows out are copied here
+    host_ctl.device_outs = 0;
+    DH_RETURN_IF_ERROR(cpu_->Launch(host_ctl, in_.data(), MemorySpace::kHost));
+    launched_.push_back({space, ctl});
     return absl::OkStatus();
   }
+  // The rows out copied to their "device" destinations; a host payload handed back with their
+  // blocks, and everything past HostPayloadBytes, overwritten (the contract leaves them
+  // unspecified), so that an answer read from there shows.
   absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) override {
     DH_ASSIGN_OR_RETURN(const void* p, cpu_->Finish(while_running));
-    const auto [space, bytes] = launched_.front();
+    const auto [space, ctl] = launched_.front();
     launched_.pop_front();
-    if (space == MemorySpace::kHost) return p;
-    dpayload_.assign(static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + bytes);
-    return static_cast<const void*>(dpayload_.data());
+    const auto* payload = static_cast<const uint8_t*>(p);
+    const PayloadLayout layout = MakePayloadLayout(ctl.tasks, static_cast<int>(ctl.rows), shard_rows_);
+    for (uint32_t i = 0; i < ctl.device_outs; ++i) {
+      const DeviceRowsOut& o = ctl.device_out[i];
+      const size_t width = static_cast<size_t>(geo_.valid_cols()) * (ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+      for (uint32_t r = 0; r < o.rows; ++r)
+        std::memcpy(static_cast<uint8_t*>(o.dst) + r * o.dst_pitch, payload + layout.row_offset[o.row0 + r], width);
+    }
+    std::vector<uint8_t>& out = space == MemorySpace::kHost ? hpayloads_.Next() : dpayload_;
+    out.assign(payload, payload + layout.bytes());
+    if (space == MemorySpace::kHost) {
+      std::fill(out.begin() + HostPayloadBytes(ctl, layout), out.end(), 0xA5);
+      for (uint32_t i = 0; i < ctl.device_outs; ++i) {
+        const DeviceRowsOut& o = ctl.device_out[i];
+        std::fill(out.begin() + layout.row_offset[o.row0], out.begin() + layout.row_offset[o.row0 + o.rows], 0xA5);
+      }
+    }
+    return static_cast<const void*>(out.data());
   }
   StageTimes stage_times() const override { return cpu_->stage_times(); }
   absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) override {
@@ -144,8 +166,10 @@ class HostAsDeviceBackend : public ComputeBackend {
   size_t k_ = 0;
   int64_t shard_rows_ = 0;
   std::vector<uint16_t> drows_, in_;
+  ShardGeometry geo_;
   std::vector<uint8_t> dpayload_, dscratch_;
-  std::deque<std::pair<MemorySpace, size_t>> launched_;
+  BufferRing<std::vector<uint8_t>, kHostPayloads> hpayloads_;
+  std::deque<std::pair<MemorySpace, BatchControl>> launched_;
 };
 
 void StartLoop(Group& g) {
@@ -434,6 +458,78 @@ TEST(EngineTest, BatchesTakenAheadAnswerAsAlone) {
     } else {
       EXPECT_EQ(ahead, 0u);
       EXPECT_EQ(launched, 0u);
+    }
+  }
+}
+
+// FULL_LOGITS into device memory (BatchItem::device_logits, as a CUDA logits_region gives): alone
+// on a device backend the backend copies the rows there itself, batched with other requests and
+// launched ahead or not, and the answer's builder writes nothing (the double poisons those rows of
+// the host payload); in a group the engine leaves them to the builder. Either way the bytes equal
+// the logits the same request gets in its response.
+TEST(EngineTest, LogitsIntoDeviceMemoryAreWrittenByTheBackendAlone) {
+  const int64_t rows = 300, k = 64, vocab = 290;
+  const auto w = ref::RandomBf16(rows * k, 41, 0.05);
+  for (auto [tp, launch] : {std::pair{1, false}, std::pair{1, true}, std::pair{2, false}}) {
+    auto g = StartGroup(w, rows, k, tp, vocab, false, 16, {}, nullptr, /*start_loop=*/false,
+                        /*device_doubles=*/true);
+    g->loop = std::make_unique<BatchLoop>(*g->engines[0], *g->batcher, nullptr, nullptr, true, launch);
+    struct Sent {
+      v1::LogitsRequest req;
+      std::vector<uint8_t> device;  // the destination, when the request names one
+      bool on_device = false;
+      std::future<Result> answer;
+    };
+    std::vector<Sent> sent(20);
+    for (int i = 0; i < 20; ++i) {
+      const int m = 1 + i % 3;
+      Sent& s = sent[i];
+      s.req = MakeRequest(ref::RandomBf16(m * k, 900 + i), m, i % 4 == 3 ? v1::TOP_K : v1::FULL_LOGITS);
+      s.req.set_top_k(3);
+      s.req.set_logits_dtype(i % 2 ? v1::FP32 : v1::BF16);
+      auto prepared = PrepareRequest(s.req, g->limits);
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      auto p = std::make_shared<std::promise<Result>>();
+      s.answer = p->get_future();
+      BatchItem it;
+      it.req = std::make_shared<const PreparedRequest>(std::move(prepared).value());
+      it.enqueued = Clock::now();
+      if (i % 4 == 0 || i % 4 == 1) {  // the others: logits in the response
+        const size_t row_bytes = static_cast<size_t>(vocab) * (i % 2 ? 4 : 2);
+        s.device.assign(m * row_bytes, 0x5A);
+        it.device_logits = s.device.data();
+        it.device_logits_pitch = row_bytes;
+      }
+      it.done = [p, req = it.req, on = &s.on_device](const absl::Status& st, const BatchRowsResult* r) {
+        Result res{st, {}};
+        if (r) {
+          *on = r->logits_on_device;
+          BuildResponse(*req, *r, &res.resp);
+        }
+        p->set_value(std::move(res));
+      };
+      g->batcher->Submit(std::move(it)).IgnoreError();
+    }
+    StartLoop(*g);
+    for (size_t i = 0; i < sent.size(); ++i) {
+      Sent& s = sent[i];
+      const Result batched = s.answer.get();
+      ASSERT_TRUE(batched.status.ok()) << batched.status;
+      const Result alone = Submit(*g, s.req).get();
+      ASSERT_TRUE(alone.status.ok()) << alone.status;
+      EXPECT_EQ(s.on_device, tp == 1 && !s.device.empty()) << "tp " << tp << ", request " << i;
+      if (s.on_device) {
+        EXPECT_EQ(std::string(s.device.begin(), s.device.end()), alone.resp.logits())
+            << "tp " << tp << ", request " << i;
+      } else {
+        EXPECT_EQ(batched.resp.logits(), alone.resp.logits()) << "tp " << tp << ", request " << i;
+        EXPECT_EQ(std::vector<int32_t>(batched.resp.token_ids().begin(), batched.resp.token_ids().end()),
+                  std::vector<int32_t>(alone.resp.token_ids().begin(), alone.resp.token_ids().end()))
+            << "tp " << tp << ", request " << i;
+      }
+    }
+    if (tp == 1) {
+      EXPECT_GE(g->loop->batches_taken_ahead(), 1u);
     }
   }
 }

@@ -22,6 +22,9 @@
 #         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
 # mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
 # tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
+# versus: OLD=PATH (another build's drafthead-server, e.g. carried in bundle-gpu/old/): the Python
+#         lane against this bundle's server and that one side by side (lane_python_bench.py --versus),
+#         ABBA rounds: M=5 TOP_K k=8, M=1 ARGMAX, M=5 FULL bf16 into the lane's CUDA arena.
 # spin:   the caller's spin budget over the lane, fixed 200 us vs automatic (--lane-spin-us=200 / -1,
 #         alternating on one server): c=1 M=5 TOP_K k=8 and M=1 ARGMAX (issue 21, session 12's change).
 # Server: tp=1 --comm=nccl, full vocabulary (129280 x 5120), synthetic weights. SECS per point (2).
@@ -116,6 +119,19 @@ run_set() {  # TITLE
         --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
         | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 90 || echo 12)
       stamp "python $1"
+    fi
+    if want versus; then
+      echo
+      local this_port=$port this_pid=$pid
+      if serve "$OLD" "$tmp/old.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda \
+          --lanes=8 --max-rows=64; then
+        echo "# other: $OLD ($(stat -c %y "$OLD" | cut -c1-16)), this: the bundle's"
+        timeout 300 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$this_port --versus=127.0.0.1:$port \
+          --rounds="$rounds" --seconds=1 2>&1 | tail -6
+        unserve
+      fi
+      port=$this_port pid=$this_pid
+      stamp "versus $1"
     fi
     if want transport; then
       echo

@@ -23,6 +23,8 @@ k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
 (transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
 TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
+--versus=HOST:PORT: only the lane, against a second server (another build) in alternating rounds (ABBA):
+M = 5 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 
     python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:PORT --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt
 """
@@ -77,12 +79,17 @@ def main():
     ap.add_argument("--transports", action="store_true", help="grpcio vs the native unary call only")
     ap.add_argument("--host-io", action="store_true", help="the lane's CUDA arenas vs host IO only")
     ap.add_argument("--host-copies", action="store_true", help="gRPC torch: pinned vs pageable copies only")
+    ap.add_argument("--versus", default="", help="HOST:PORT of a second server (another build): the lane "
+                    "against it only")
     args = ap.parse_args()
     if args.transports:
         transports(args.target, args.seconds, args.rounds)
         return
     if args.host_copies:
         host_copies(args.target, args.seconds, args.rounds)
+        return
+    if args.versus:
+        versus(args.target, args.versus, args.seconds, args.rounds)
         return
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
@@ -352,6 +359,40 @@ def host_copies(target, seconds, rounds):
               f"{' '.join(f'{v:.0f}' for v in r['pinned'])} | |", flush=True)
     dcm._PINNED_MIN_BYTES = default
     head.close()
+
+
+def versus(target, other, seconds, rounds):
+    """The lane's synchronised p50 against two servers (--target: this build, --versus: another), with
+    torch CUDA tensors, alternating rounds in ABBA order: M = 5 TOP_K k = 8, M = 1 ARGMAX, M = 5
+    FULL bf16 (its logits into the lane's CUDA output arena)."""
+    heads = {"this": RemoteDraftHead(target, lane="required", timeout=30),
+             "other": RemoteDraftHead(other, lane="required", timeout=30)}
+    info = heads["this"].info()
+    K, dev = info["hidden_size"], torch.device("cuda")
+
+    def call(h, x, mode):
+        if mode == "topk":
+            return h.topk(x, 8)
+        if mode == "argmax":
+            return h.argmax(x)
+        return h.logits(x, dtype="bf16")
+
+    print("| lane, torch CUDA, synchronised | this p50 us | other p50 us | this / other | rounds this | rounds other |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mode, m in (("topk", 5), ("argmax", 1), ("full", 5)):
+        x = torch.randn(m, K, device=dev).to(torch.bfloat16)
+        for h in heads.values():
+            call(h, x, mode)  # opens the lane (with its CUDA arenas) outside the timing
+        res = {"this": [], "other": []}
+        for r in range(rounds):
+            for name in (("this", "other") if r % 4 in (0, 3) else ("other", "this")):
+                res[name].append(p(timed(lambda: call(heads[name], x, mode), seconds), 0.5))
+        a, b = statistics.median(res["this"]), statistics.median(res["other"])
+        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        print(f"| {label} | {a:.0f} | {b:.0f} | {a / b:.3f} | {' '.join(f'{v:.0f}' for v in res['this'])} | "
+              f"{' '.join(f'{v:.0f}' for v in res['other'])} |", flush=True)
+    for h in heads.values():
+        h.close()
 
 
 def transports(target, seconds, rounds):

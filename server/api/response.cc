@@ -107,6 +107,11 @@ absl::Status BuildResponse(const PreparedRequest& req, const BatchRowsResult& re
     BuildResponse(req, result, resp);
     return absl::OkStatus();
   }
+  if (result.logits_on_device) {  // the backend wrote them there (BatchItem::device_logits)
+    SetAnswerFields(req, *result.geometry, resp);
+    SetTiming(result, resp);
+    return absl::OkStatus();
+  }
   // The access holds the region mapped while the rows are written; an unregister waits for it.
   auto access = dest.region.Access(dest.offset, dest.byte_size, "logits_region");
   if (!access.ok()) return access.status();

@@ -30,8 +30,9 @@ void BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
 
 // BuildResponse for a request whose FULL_LOGITS go into a region (`dest`, pinned at validation):
 // straight into a host region; into a CUDA region by one strided host -> device copy a rank from
-// the gathered payload (RegionAccess::WriteRows). NOT_FOUND when the region was unregistered while
-// the request waited: nothing is written then.
+// the gathered payload (RegionAccess::WriteRows); not at all when the backend copied them there
+// from the device (result.logits_on_device). NOT_FOUND when the region was unregistered while the
+// request waited: nothing is written then.
 absl::Status BuildResponse(const PreparedRequest& req, const BatchRowsResult& result,
                            const LogitsDestination& dest, v1::LogitsResponse* resp);
 

@@ -123,6 +123,18 @@ void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
   item.caller = std::move(call.caller);
   item.cancelled = std::move(call.cancelled);
   item.may_run_inline = call.may_run_inline;
+  if (logits_dest.region && logits_dest.region.kind() == regions::RegionKind::kCudaIpc) {
+    // Device memory: the backend may copy the logits there itself (BatchItem::device_logits); the
+    // access keeps the region mapped until the request is answered.
+    auto access = logits_dest.region.Access(logits_dest.offset, logits_dest.byte_size, "logits_region");
+    if (!access.ok()) {
+      record(access.status(), nullptr);
+      return;
+    }
+    item.device_logits = access->device_data();
+    item.device_logits_pitch = logits_dest.byte_size / item.req->rows;  // rows x vocab_size x dtype
+    item.device_logits_hold = std::make_shared<const regions::RegionAccess>(std::move(access).value());
+  }
   const uint32_t validate_us = MicrosSince(arrived);
   item.done = [req = item.req, logits_dest = std::move(logits_dest), arrived, validate_us,
                record = std::move(record)](const absl::Status& s, const BatchRowsResult* result) {

@@ -90,6 +90,10 @@ class ComputeBackend {
   // for the device; a backend without a device calls it with the payload computed. Not called when
   // the batch failed first. A failed Launch leaves nothing launched; after a failed Finish the
   // backend may only be destroyed (the group fails).
+  // ctl.device_out (backends with device memory alone; others refuse a batch naming any): those
+  // rows' logits are copied from the device payload to their destinations before Finish returns
+  // (CheckDeviceRowsOut's rules); a host payload then holds the first HostPayloadBytes bytes, and
+  // those rows' blocks in it are unspecified.
   virtual absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) = 0;
   virtual absl::StatusOr<const void*> Finish(const std::function<void()>& while_running) = 0;
   // Launch, then Finish.
@@ -128,6 +132,14 @@ class ComputeBackend {
   virtual absl::StatusOr<void*> ScratchBuffer(size_t bytes, MemorySpace space) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, MemorySpace space) = 0;
 };
+
+// ctl.device_out against the batch and this rank's geometry: entries in row order, inside the
+// batch, not overlapping, FULL_LOGITS rows of one dtype per entry, each with a destination and a
+// pitch that holds a row of valid_cols values. INVALID_ARGUMENT saying which rule an entry breaks.
+absl::Status CheckDeviceRowsOut(const BatchControl& ctl, const ShardGeometry& geo);
+// The bytes of a host payload the answers read: up to the end of the last row not copied to device
+// memory (0 when every row is).
+size_t HostPayloadBytes(const BatchControl& ctl, const PayloadLayout& layout);
 
 std::unique_ptr<ComputeBackend> MakeCpuBackend(const BackendOptions& options);
 // The CUDA devices this process sees (cudaGetDeviceCount). UNIMPLEMENTED in builds without CUDA.

@@ -62,6 +62,8 @@ class CpuBackend : public ComputeBackend {
   absl::Status Launch(const BatchControl& ctl, const uint16_t* x, MemorySpace space) override {
     if (space != MemorySpace::kHost)
       return absl::InvalidArgumentError("cpu backend: payloads live in host memory");
+    if (ctl.device_outs != 0)
+      return absl::InvalidArgumentError("cpu backend: no device memory to write rows to");
     if (launched_.size() >= 2)
       return absl::FailedPreconditionError("cpu backend: a third batch launched before one finished");
     const ShardGeometry& g = w_.geo;

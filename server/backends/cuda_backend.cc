@@ -8,6 +8,8 @@
 // for a step launched behind another, the copy engine on a second stream into the other of two
 // device buffers, overlapping that step's GEMV), and, for kHost, the payload: written by the
 // epilogue into pinned memory when small, else one download; one stream synchronization per Run.
+// FULL_LOGITS rows bound for device memory (BatchControl::device_out: a caller's CUDA region) are
+// copied there from the device payload after the step, and left out of the download.
 // Events between the stages time them (stage_times). The step's launches are captured once per
 // shape (rows, epilogue kernels, bytes back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS
 // rows run eagerly); the kernels are programmatic dependents of the one before
@@ -193,6 +195,7 @@ class CudaBackend : public ComputeBackend {
     const int rows = static_cast<int>(ctl.rows);
     if (rows < 1 || rows > kMaxRowsLimit)
       return absl::InvalidArgumentError(absl::StrCat("cuda backend: batch of ", rows, " rows"));
+    DH_RETURN_IF_ERROR(CheckDeviceRowsOut(ctl, geo_));
     if (launched_.size() >= 2)
       return absl::FailedPreconditionError("cuda backend: a third batch launched before one finished");
     if (!launched_.empty() && rows > reserved_rows_)
@@ -265,9 +268,11 @@ class CudaBackend : public ComputeBackend {
       step.upload_aside = opts_.cuda_upload_aside;
     }
     // A small host payload is written by the epilogue straight into the slot's pinned buffer
-    // (mapped: one address on both sides), saving the D2H copy's node and its latency.
-    step.direct_payload = space == MemorySpace::kHost && layout.bytes() <= opts_.cuda_direct_payload_max;
-    step.d2h_bytes = space == MemorySpace::kHost && !step.direct_payload ? layout.bytes() : 0;
+    // (mapped: one address on both sides), saving the D2H copy's node and its latency. Rows copied
+    // to device memory are copied from the device payload, and need not come back.
+    step.direct_payload = space == MemorySpace::kHost && ctl.device_outs == 0 &&
+                          layout.bytes() <= opts_.cuda_direct_payload_max;
+    step.d2h_bytes = space == MemorySpace::kHost && !step.direct_payload ? HostPayloadBytes(ctl, layout) : 0;
     // The step's events and host payload: neither the step in flight's nor the one being answered
     // from (kHostPayloads in turn).
     hpayloads_.Next();
@@ -278,6 +283,16 @@ class CudaBackend : public ComputeBackend {
     launched.buffer = step.buffer;
     launched.upload_aside = step.upload_aside;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
+    if (ctl.device_outs > 0) {
+      // After the step (its graph holds no caller's addresses), before its last event.
+      absl::Status out = CopyRowsOut(ctl, layout);
+      if (out.ok()) out = DH_CUDA_STATUS(cudaEventRecord(events_[step.slot][kOutsDone], stream_), rank_);
+      if (!out.ok()) {
+        (void)cudaStreamSynchronize(stream_);  // a failed Launch leaves nothing in flight
+        return out;
+      }
+      launched.rows_out = true;
+    }
     launched_.push_back(launched);
     return absl::OkStatus();
   }
@@ -297,12 +312,14 @@ class CudaBackend : public ComputeBackend {
     // The step's one wait: its last event (a step launched behind it may follow on the stream). A
     // collective on another stream may read the payload next (collective.h: device buffers must be
     // complete before a collective call).
-    DH_CUDA_CHECK(cudaEventSynchronize(ev[4]));
+    const cudaEvent_t last = step.rows_out ? ev[kOutsDone] : ev[4];
+    DH_CUDA_CHECK(cudaEventSynchronize(last));
     float ms[4] = {};
     for (int i = 0; i < 4; ++i) {
       // An upload aside ends on upload_: the GEMV's time starts where stream_ took the step up.
+      // The copy stage ends after the rows copied out, when there were any.
       cudaEvent_t from = i == 1 && step.upload_aside ? ev[kGemvStart] : ev[i];
-      if (cudaEventElapsedTime(&ms[i], from, ev[i + 1]) != cudaSuccess) {
+      if (cudaEventElapsedTime(&ms[i], from, i == 3 ? last : ev[i + 1]) != cudaSuccess) {
         // Stage times are for the metrics only: a timing the driver refuses is not worth the batch.
         const cudaError_t e = cudaGetLastError();
         if (!timing_warned_)
@@ -404,7 +421,24 @@ class CudaBackend : public ComputeBackend {
     bool graphed = false;
     int buffer = 0;
     bool upload_aside = false;
+    bool rows_out = false;  // rows copied to device memory after the step (its last event: kOutsDone)
   };
+
+  // ctl.device_out's rows from the device payload (laid out as `layout`) to their destinations, on
+  // stream_ after the step's epilogue: one strided copy each.
+  absl::Status CopyRowsOut(const BatchControl& ctl, const PayloadLayout& layout) {
+    const auto* payload = static_cast<const uint8_t*>(payload_.p);
+    for (uint32_t i = 0; i < ctl.device_outs; ++i) {
+      const DeviceRowsOut& o = ctl.device_out[i];
+      const size_t from = layout.row_offset[o.row0];
+      const size_t pitch = layout.row_offset[o.row0 + 1] - from;  // one dtype: equal blocks
+      const size_t width =
+          static_cast<size_t>(geo_.valid_cols()) * (ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+      DH_CUDA_CHECK(cudaMemcpy2DAsync(o.dst, o.dst_pitch, payload + from, pitch, width, o.rows,
+                                      cudaMemcpyDeviceToDevice, stream_));
+    }
+    return absl::OkStatus();
+  }
 
   // The batch's rows grouped by head into the upload buffer: fp8-twin rows first, then bf16-exact
   // ones, each in batch order (the layout DeviceRows documents). x may already lie there
@@ -628,10 +662,12 @@ class CudaBackend : public ComputeBackend {
   BufferRing<PinnedMem, kHostPayloads> hpayloads_;  // host results in turn (Launch)
   BufferRing<PinnedMem, 2> hscratches_;
   std::vector<uint16_t> regroup_;  // x of a mixed-head batch given in stage_ (InputRows)
-  // Each slot's: before H2D, after H2D, GEMV, epilogue, D2H, and the GEMV's start when the upload
-  // went aside (on upload_, so that after H2D is not on stream_).
+  // Each slot's: before H2D, after H2D, GEMV, epilogue, D2H, the GEMV's start when the upload
+  // went aside (on upload_, so that after H2D is not on stream_), and after the rows copied out to
+  // device memory (CopyRowsOut).
   static constexpr int kGemvStart = 5;
-  cudaEvent_t events_[kHostPayloads][6] = {};
+  static constexpr int kOutsDone = 6;
+  cudaEvent_t events_[kHostPayloads][7] = {};
   std::deque<Launched> launched_;  // in launch order; at most two
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
   // server sees few shapes (row counts x mode mixes, x 3 slots x 2 buffers), and beyond

@@ -146,6 +146,8 @@ absl::StatusOr<RankEngine::Gathered> RankEngine::RunBatch(
     const BatchControl& ctl, const uint16_t* x, const std::function<void()>& while_running) {
   const uint32_t rows = ctl.rows;
   DH_RETURN_IF_ERROR(CheckRows(rows));
+  if (ctl.device_outs > 0 && !writes_device_rows())
+    return absl::InvalidArgumentError("RunBatch: rows to device memory, but not alone on a GPU");
   Gathered g;
   if (world() == 1) {  // nothing to broadcast or gather: straight to the backend
     if (in_flight_.empty()) DH_RETURN_IF_ERROR(LaunchAlone(ctl, x));

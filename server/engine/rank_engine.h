@@ -101,6 +101,9 @@ class RankEngine {
   // launch the batch again, or fail it).
   absl::Status LaunchNext(const BatchControl& ctl, const uint16_t* x);
   bool can_launch_next() const { return world() == 1; }
+  // Whether batches may name BatchControl::device_out (alone, on a backend with device memory);
+  // RunBatch refuses them elsewhere.
+  bool writes_device_rows() const { return world() == 1 && backend_->has_device_memory(); }
   absl::Status Heartbeat();
   absl::Status Shutdown();
 

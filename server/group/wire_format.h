@@ -42,10 +42,23 @@ static_assert(std::is_trivially_copyable_v<RowTask> && sizeof(RowTask) == 24);
 
 enum class BatchOp : uint32_t { kRun = 1, kHeartbeat = 2, kShutdown = 3 };
 
-// One batch's rows as the backends take them (host memory; not sent as such).
+// FULL_LOGITS rows [row0, row0 + rows) of a batch whose logits rank 0's backend copies from its
+// device payload straight into device memory (a caller's CUDA region), so that they never cross to
+// the host: row i of the block goes to dst + i x dst_pitch, vocab_size values of the row's dtype.
+// Alone only (tp = 1, a backend with device memory: RankEngine::writes_device_rows).
+struct DeviceRowsOut {
+  uint32_t row0 = 0, rows = 0;
+  uint64_t dst_pitch = 0;
+  void* dst = nullptr;  // device memory the backend's GPU may write (its own, or a peer's)
+};
+
+// One batch's rows as the backends take them (host memory; not sent as such: the workers get the
+// tasks alone, and never device_out).
 struct BatchControl {
   uint32_t rows = 0;
   RowTask tasks[kMaxRowsLimit];
+  uint32_t device_outs = 0;  // entries of device_out in use, in row order, not overlapping
+  DeviceRowsOut device_out[kMaxRowsLimit];
 };
 static_assert(std::is_trivially_copyable_v<BatchControl>);
 

@@ -97,7 +97,8 @@ class RegionMapping {
 class Region;  // the registry's record of one region (defined in region_registry.cc)
 
 // A live access to a slice [offset, offset + size) of a region: while it exists the region stays
-// mapped (Unregister waits for it). Move-only; keep it for the duration of one copy, no longer.
+// mapped (Unregister waits for it). Move-only; keep it for the duration of one copy, no longer,
+// or (a request whose logits the GPU backend copies into a CUDA region) until it is answered.
 class RegionAccess {
  public:
   RegionAccess(RegionAccess&& other) noexcept;

@@ -64,6 +64,8 @@ const uint16_t* BatchLoop::Prepare(const std::vector<BatchItem>& batch, BatchCon
   uint32_t rows = 0;
   for (const auto& it : batch) rows += it.req->rows;
   ctl.rows = rows;
+  ctl.device_outs = 0;
+  const bool rows_out = engine_.writes_device_rows();
   // The rows go straight into the message the engine broadcasts (and the GEMV reads on rank 0).
   uint16_t* x = engine_.HiddenRowsFor(rows);
   uint32_t r = 0;
@@ -72,6 +74,8 @@ const uint16_t* BatchLoop::Prepare(const std::vector<BatchItem>& batch, BatchCon
       ctl.tasks[r + i] = it.req->task;
       ctl.tasks[r + i].row_in_request = i;
     }
+    if (rows_out && it.device_logits != nullptr)
+      ctl.device_out[ctl.device_outs++] = DeviceRowsOut{r, it.req->rows, it.device_logits_pitch, it.device_logits};
     std::memcpy(x + static_cast<size_t>(r) * K, it.req->x.data(), it.req->x.size() * 2);
     r += it.req->rows;
   }
@@ -135,6 +139,7 @@ absl::Status BatchLoop::RunOne(std::vector<BatchItem>& batch, const BatchControl
   result.compute_us = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
   result.stages = gathered->stages;
+  result.logits_on_device = ctl.device_outs > 0;  // each item's own: AnswerBatch
   // Pipelined under load: while requests wait, the completer answers this batch and the engine
   // goes on to the next at once. Alone (c = 1), answering here saves the hand-off.
   const bool more = (ahead != nullptr && !ahead->batch.empty()) || batcher_.queued_requests() > 0;

@@ -72,6 +72,13 @@ struct BatchItem {
   bool may_run_inline = false;
   // Called exactly once: OK with the request's share of the batch, or the failure (nullptr).
   std::function<void(const absl::Status&, const BatchRowsResult*)> done;
+  // FULL_LOGITS into device memory (a CUDA region's slice: rows x device_logits_pitch bytes), kept
+  // mapped by device_logits_hold until the item is destroyed. Where the engine can (alone, on a
+  // GPU: RankEngine::writes_device_rows) the backend copies the rows there itself, and done() sees
+  // BatchRowsResult::logits_on_device; else the answer's builder writes them.
+  void* device_logits = nullptr;
+  uint64_t device_logits_pitch = 0;
+  std::shared_ptr<const void> device_logits_hold;
 };
 
 // Runs a request at once on the submitting thread when the engine is idle (BatchLoop), saving the

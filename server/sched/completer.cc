@@ -8,6 +8,7 @@ namespace {
 
 void AnswerOne(BatchItem& it, BatchRowsResult result, uint32_t row0, Clock::time_point started) {
   result.row0 = row0;
+  result.logits_on_device = result.logits_on_device && it.device_logits != nullptr;  // the batch's, then its own
   result.queue_us = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(started - it.enqueued).count());
   it.done(absl::OkStatus(), &result);

@@ -58,6 +58,7 @@ struct BatchRowsResult {
   uint32_t queue_us = 0;    // enqueue -> batch start
   uint32_t compute_us = 0;  // the batch across the group
   StageTimes stages;        // where the batch's compute_us went
+  bool logits_on_device = false;  // the backend wrote this request's logits to its device destination
 };
 
 }  // namespace drafthead
