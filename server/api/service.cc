@@ -51,12 +51,20 @@ Clock::time_point SteadyDeadline(grpc::ServerContextBase* ctx) {
 DraftHeadService::DraftHeadService(Batcher& batcher, ServingLimits limits, v1::ModelInfo info,
                                    Metrics* metrics, UnaryApi unary_api)
     : batcher_(batcher), limits_(limits), info_(std::move(info)), metrics_(metrics) {
+  // Method 0 is ComputeLogits, the proto's first rpc (rpcs are added, never renumbered), as the
+  // generated WithRawCallbackMethod_ComputeLogits / WithStreamedUnaryMethod_ComputeLogits mark it.
   if (unary_api == UnaryApi::kCallback) {
-    // Method 0 is ComputeLogits, the proto's first rpc (rpcs are added, never renumbered), as the
-    // generated WithRawCallbackMethod_ComputeLogits marks it.
     MarkMethodRawCallback(0, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
                                  [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) { return ComputeLogitsCallback(ctx, req, resp); }));
+  } else {
+    // Raw on the sync API: gRPC's "streamed unary" (one message read, one written; a unary call on
+    // the wire), since the generated code offers no raw synchronous unary method.
+    MarkMethodStreamed(0, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                              [this](grpc::ServerContext* ctx,
+                                     grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call) {
+                                return ComputeLogitsSync(ctx, call);
+                              }));
   }
 }
 
@@ -188,8 +196,12 @@ grpc::ServerUnaryReactor* DraftHeadService::ComputeLogitsCallback(grpc::Callback
   return reactor;
 }
 
-grpc::Status DraftHeadService::ComputeLogits(grpc::ServerContext* ctx, const v1::LogitsRequest* req,
-                                             v1::LogitsResponse* resp) {
+grpc::Status DraftHeadService::ComputeLogitsSync(
+    grpc::ServerContext* ctx, grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call) {
+  grpc::ByteBuffer in;
+  if (!call->Read(&in)) return grpc::Status(grpc::StatusCode::INTERNAL, "ComputeLogits: no request message");
+  v1::LogitsRequest parsed;
+  if (absl::Status s = ParseRequest(&in, &parsed); !s.ok()) return ToGrpcStatus(s);
   // Shared with done(), which may come after this handler gave up waiting (then it answers into
   // the shared response, never into the call's).
   struct Answer {
@@ -200,7 +212,7 @@ grpc::Status DraftHeadService::ComputeLogits(grpc::ServerContext* ctx, const v1:
   };
   auto answer = std::make_shared<Answer>();
   Submit(
-      ctx, *req,
+      ctx, parsed,
       [answer](const absl::Status& s, v1::LogitsResponse* r) {
         absl::MutexLock l(&answer->mu);
         answer->status = s;
@@ -215,8 +227,13 @@ grpc::Status DraftHeadService::ComputeLogits(grpc::ServerContext* ctx, const v1:
   absl::MutexLock l(&answer->mu);
   if (!answer->mu.AwaitWithDeadline(absl::Condition(&answer->done), wait_until))
     return grpc::Status(grpc::StatusCode::INTERNAL, "the request was never answered (a server bug)");
-  if (answer->status.ok()) resp->Swap(&answer->resp);
-  return ToGrpcStatus(answer->status);
+  if (!answer->status.ok()) return ToGrpcStatus(answer->status);
+  grpc::ByteBuffer out;
+  if (absl::Status s = SerializeLogitsResponse(&answer->resp, &out); !s.ok()) return ToGrpcStatus(s);
+  // The last message: held back and sent with the status, as a unary answer is.
+  if (!call->Write(out, grpc::WriteOptions().set_last_message()))
+    return grpc::Status(grpc::StatusCode::CANCELLED, "ComputeLogits: the call ended before its answer");
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* DraftHeadService::GetModelInfo(grpc::CallbackServerContext* ctx,

@@ -8,8 +8,9 @@
 // absl::Status is converted to grpc::Status here and only here.
 // StreamLogits is registered raw (ByteBuffers in and out): each answer is serialized once, when it
 // is ready, into the buffer that its stream's budget counts and gRPC writes from (no second copy).
-// ComputeLogits on the callback API is raw too: a full-logits answer's logits are moved into the
-// buffer gRPC sends, not copied (SerializeLogitsResponse).
+// ComputeLogits is raw too, on either API: a full-logits answer's logits are moved into the
+// buffer gRPC sends, not copied (SerializeLogitsResponse); on the sync API as a "streamed unary"
+// method (the generated code offers no raw synchronous unary one; on the wire it is a unary call).
 //
 // Callers (batcher.h's CallerKey, the unit of fair queueing): each StreamLogits stream is one
 // ("stream"); the unary calls of one connection (ctx->peer(): one client channel) are one
@@ -40,8 +41,8 @@ namespace drafthead {
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
 // Every RPC of the service but ComputeLogits on the callback API, StreamLogits raw (a new RPC: add
-// its WithCallbackMethod_ here, or its override does not compile). ComputeLogits is marked callback
-// in the constructor unless UnaryApi::kSync.
+// its WithCallbackMethod_ here, or its override does not compile). ComputeLogits is marked raw
+// callback in the constructor, or (UnaryApi::kSync) streamed unary.
 using DraftHeadServiceBase = v1::DraftHead::WithRawCallbackMethod_StreamLogits<
     v1::DraftHead::WithCallbackMethod_GetModelInfo<v1::DraftHead::WithCallbackMethod_RegisterRegion<
         v1::DraftHead::WithCallbackMethod_UnregisterRegion<v1::DraftHead::WithCallbackMethod_OpenLane<
@@ -72,12 +73,12 @@ class DraftHeadService final : public DraftHeadServiceBase {
   // Where every request's outcome is recorded (both APIs'); null: nowhere (tests).
   const Metrics* metrics() const { return metrics_; }
 
-  // ComputeLogits on the callback API (UnaryApi::kCallback: raw, so that a full-logits answer is
-  // sent without copying its logits, SerializeLogitsResponse) and on the sync API (kSync).
+  // ComputeLogits, raw (a full-logits answer is sent without copying its logits:
+  // SerializeLogitsResponse), on the callback API (UnaryApi::kCallback) or the sync API (kSync).
   grpc::ServerUnaryReactor* ComputeLogitsCallback(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
-  grpc::Status ComputeLogits(grpc::ServerContext* ctx, const v1::LogitsRequest* req,
-                             v1::LogitsResponse* resp) override;
+  grpc::Status ComputeLogitsSync(grpc::ServerContext* ctx,
+                                 grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call);
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamLogits(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
