@@ -672,7 +672,7 @@ TEST(CudaBackend, RowsCopiedToDeviceMemoryMatchThePayload) {
       size_t used = b * per_batch;
       for (uint32_t e = 0; e < c.ctl.device_outs; ++e) {
         const DeviceRowsOut& o = c.ctl.device_out[e];
-        const size_t width = static_cast<size_t>(V) * (c.ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+        const size_t width = static_cast<size_t>(V) * OutDTypeBytes(c.ctl.tasks[o.row0].dtype);
         const size_t at = static_cast<uint8_t*>(o.dst) - dst;
         for (uint32_t r = 0; r < o.rows; ++r) {
           const uint8_t* got = back.data() + at + r * o.dst_pitch;

@@ -125,7 +125,7 @@ class HostAsDeviceBackend : public ComputeBackend {
     const PayloadLayout layout = MakePayloadLayout(ctl.tasks, static_cast<int>(ctl.rows), shard_rows_);
     for (uint32_t i = 0; i < ctl.device_outs; ++i) {
       const DeviceRowsOut& o = ctl.device_out[i];
-      const size_t width = static_cast<size_t>(geo_.valid_cols()) * (ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+      const size_t width = static_cast<size_t>(geo_.valid_cols()) * OutDTypeBytes(ctl.tasks[o.row0].dtype);
       for (uint32_t r = 0; r < o.rows; ++r)
         std::memcpy(static_cast<uint8_t*>(o.dst) + r * o.dst_pitch, payload + layout.row_offset[o.row0 + r], width);
     }

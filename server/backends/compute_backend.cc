@@ -28,7 +28,7 @@ absl::Status CheckDeviceRowsOut(const BatchControl& ctl, const ShardGeometry& ge
       const RowTask& t = ctl.tasks[r];
       if (t.mode != RowMode::kFullLogits) return bad("a row is not FULL_LOGITS");
       if (t.dtype != ctl.tasks[o.row0].dtype) return bad("rows of two dtypes");
-      const uint64_t width = static_cast<uint64_t>(geo.valid_cols()) * (t.dtype == OutDType::kBf16 ? 2 : 4);
+      const uint64_t width = static_cast<uint64_t>(geo.valid_cols()) * OutDTypeBytes(t.dtype);
       if (o.dst_pitch < width) return bad(absl::StrCat("pitch ", o.dst_pitch, " < a row's ", width, " bytes"));
     }
     next = o.row0 + o.rows;

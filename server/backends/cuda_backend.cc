@@ -433,7 +433,7 @@ class CudaBackend : public ComputeBackend {
       const size_t from = layout.row_offset[o.row0];
       const size_t pitch = layout.row_offset[o.row0 + 1] - from;  // one dtype: equal blocks
       const size_t width =
-          static_cast<size_t>(geo_.valid_cols()) * (ctl.tasks[o.row0].dtype == OutDType::kBf16 ? 2 : 4);
+          static_cast<size_t>(geo_.valid_cols()) * OutDTypeBytes(ctl.tasks[o.row0].dtype);
       DH_CUDA_CHECK(cudaMemcpy2DAsync(o.dst, o.dst_pitch, payload + from, pitch, width, o.rows,
                                       cudaMemcpyDeviceToDevice, stream_));
     }

@@ -25,6 +25,7 @@ static_assert(static_cast<int>(RowMode::kFullLogits) == static_cast<int>(ReduceM
               static_cast<int>(RowMode::kSample) == static_cast<int>(ReduceMode::kSample));
 enum class RowHead : uint8_t { kFp8Twin = 0, kBf16Exact = 1 };
 enum class OutDType : uint8_t { kBf16 = 0, kFp32 = 1 };
+inline size_t OutDTypeBytes(OutDType t) { return t == OutDType::kBf16 ? 2 : 4; }
 
 // One row of the batch. Rows of one request are consecutive and share everything but
 // row_in_request.
@@ -115,7 +116,7 @@ struct PayloadLayout {
 inline size_t RowPayloadBytes(const RowTask& t, int64_t shard_rows) {
   size_t b;
   if (t.mode == RowMode::kFullLogits) {
-    b = static_cast<size_t>(shard_rows) * (t.dtype == OutDType::kBf16 ? 2 : 4);
+    b = static_cast<size_t>(shard_rows) * OutDTypeBytes(t.dtype);
   } else {
     b = sizeof(SoftmaxPartial) + static_cast<size_t>(t.k) * sizeof(Candidate);
   }

@@ -63,7 +63,7 @@ absl::Status PinLogitsRegion(const v1::LogitsRequest& req, const RowTask& t, int
   if (t.mode != RowMode::kFullLogits)
     return Bad("logits_region", absl::StrCat("only FULL_LOGITS writes logits (mode is ",
                                              v1::Mode_Name(req.mode()), ")"));
-  const size_t es = t.dtype == OutDType::kBf16 ? 2 : 4;
+  const size_t es = OutDTypeBytes(t.dtype);
   const uint64_t want = static_cast<uint64_t>(req.rows()) * vocab * es;
   if (slice.byte_size() != want)
     return Bad("logits_region", absl::StrCat("byte_size ", slice.byte_size(),

@@ -27,7 +27,7 @@ void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::t
 size_t AnswerBytes(const PreparedRequest& req, const ShardGeometry& geo) {
   const RowTask& t = req.task;
   if (t.mode == RowMode::kFullLogits)
-    return static_cast<size_t>(req.rows) * static_cast<size_t>(geo.vocab_size) * (t.dtype == OutDType::kBf16 ? 2 : 4);
+    return static_cast<size_t>(req.rows) * static_cast<size_t>(geo.vocab_size) * OutDTypeBytes(t.dtype);
   return static_cast<size_t>(req.rows) * (static_cast<size_t>(t.k) * 8 + 8);
 }
 
