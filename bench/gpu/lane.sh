@@ -22,6 +22,8 @@
 #         beside the whole call (lane_python_bench.py --pieces; PIECES=N calls a piece, 6400).
 # mps:    cpp, python and pieces again with the CUDA MPS daemon running (server and caller share the GPU).
 # tp4:    tp=4 --comm=gloo on the one GPU, c=1 M=5 TOP_K, gRPC vs lane.
+# breakdown: the Python lane, M=5 TOP_K: numpy rows against torch CUDA ones, beside the C++ client's
+#         p50 (lane_python_bench.py --breakdown): where a GPU caller's time goes.
 # versus: OLD=PATH (another build's drafthead-server, e.g. carried in bundle-gpu/old/): the Python
 #         lane against this bundle's server and that one side by side (lane_python_bench.py --versus),
 #         ABBA rounds: M=5 TOP_K k=8, M=1 ARGMAX, M=5 FULL bf16 into the lane's CUDA arena.
@@ -119,6 +121,14 @@ run_set() {  # TITLE
         --seed-file=bundle-gpu/seed/draft_head_fp8.py.txt --label="tp=1 nccl, $1" --profile=${PROFILE:-0} 2>&1 \
         | tail -$([ "${PROFILE:-0}" -gt 0 ] && echo 90 || echo 12)
       stamp "python $1"
+    fi
+    if want breakdown; then
+      echo
+      "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=shm \
+        --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, lane M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
+      timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --breakdown --rounds="$rounds" \
+        --seconds=1 2>&1 | tail -6
+      stamp "breakdown $1"
     fi
     if want versus; then
       echo

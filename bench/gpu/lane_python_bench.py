@@ -23,6 +23,8 @@ k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 --transports: only the gRPC calls, grpcio's (transport="grpcio") against the native library's
 (transport="native", libdrafthead_grpc.so), alternating rounds: torch CUDA and numpy rows, M = 5
 TOP_K k = 8 and M = 1 ARGMAX, against the C++ load tester's p50 (--cpp-p50, measured beside).
+--breakdown: only the lane, M = 5 TOP_K: a numpy caller against a torch CUDA one (synchronised, and
+stream-ordered then synchronised) and a synchronise alone: where a GPU caller's time goes.
 --versus=HOST:PORT: only the lane, against a second server (another build) in alternating rounds (ABBA):
 M = 5 TOP_K k = 8, M = 1 ARGMAX, M = 5 FULL bf16.
 
@@ -37,10 +39,11 @@ import types
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import drafthead_client.lane as lanemod
-from drafthead_client import RemoteDraftHead
+from drafthead_client import RemoteDraftHead, float32_to_bf16
 
 
 def p(xs, q):
@@ -79,6 +82,8 @@ def main():
     ap.add_argument("--transports", action="store_true", help="grpcio vs the native unary call only")
     ap.add_argument("--host-io", action="store_true", help="the lane's CUDA arenas vs host IO only")
     ap.add_argument("--host-copies", action="store_true", help="gRPC torch: pinned vs pageable copies only")
+    ap.add_argument("--breakdown", action="store_true", help="M=5 TOP_K over the lane: numpy vs torch CUDA "
+                    "callers, and a synchronise alone")
     ap.add_argument("--versus", default="", help="HOST:PORT of a second server (another build): the lane "
                     "against it only")
     args = ap.parse_args()
@@ -90,6 +95,9 @@ def main():
         return
     if args.versus:
         versus(args.target, args.versus, args.seconds, args.rounds)
+        return
+    if args.breakdown:
+        breakdown(args.target, args.seconds, args.rounds)
         return
 
     lane = RemoteDraftHead(args.target, lane="required", timeout=30)
@@ -358,6 +366,34 @@ def host_copies(target, seconds, rounds):
         print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {' '.join(f'{v:.0f}' for v in r['pageable'])}; "
               f"{' '.join(f'{v:.0f}' for v in r['pinned'])} | |", flush=True)
     dcm._PINNED_MIN_BYTES = default
+    head.close()
+
+
+def breakdown(target, seconds, rounds):
+    """Where a GPU caller's synchronised call over the lane goes beyond a host caller's: M = 5 TOP_K
+    k = 8 on one lane, alternating rounds (median of the rounds' p50s): numpy rows and answers (a host
+    caller: beside the C++ client's p50, what Python adds), torch CUDA rows and answers (host IO, the
+    default) synchronised after each call, the same stream-ordered (wait=False) then synchronised,
+    and torch.cuda.synchronize() alone."""
+    head = RemoteDraftHead(target, lane="required", timeout=30)
+    K, dev = head.info()["hidden_size"], torch.device("cuda")
+    xn = float32_to_bf16(np.random.default_rng(5).standard_normal((5, K), dtype=np.float32))
+    xt = torch.randn(5, K, device=dev).to(torch.bfloat16)
+    ways = {"numpy rows and answers": (lambda: head.topk(xn, 8), False),
+            "torch CUDA, synchronised": (lambda: head.topk(xt, 8), True),
+            "torch CUDA, wait=False, synchronised": (lambda: head.topk(xt, 8, wait=False), True),
+            "torch.cuda.synchronize() alone": (lambda: None, True)}
+    for fn, _ in ways.values():
+        fn()  # opens the lane (host, then CUDA arenas) outside the timing
+    res = {k: [] for k in ways}
+    for r in range(rounds):
+        for name in (list(ways) if r % 2 == 0 else list(reversed(list(ways)))):
+            fn, sync = ways[name]
+            res[name].append(p(timed(fn, seconds, sync=sync), 0.5))
+    print("| lane, M=5 TOP_K k=8 | p50 us | rounds |")
+    print("| --- | --- | --- |")
+    for name, v in res.items():
+        print(f"| {name} | {statistics.median(v):.0f} | {' '.join(f'{x:.0f}' for x in v)} |", flush=True)
     head.close()
 
 
