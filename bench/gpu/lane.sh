@@ -95,6 +95,11 @@ cpp_table() {  # TITLE
   cpp_point "c=64 M=5 TOP_K k=8" shm --lane=shm --rows=5 --mode=topk --k=8 --concurrency=64
 }
 
+cpp_p50() {  # WAY LABEL: the C++ load tester's p50 of c=1 M=5 TOP_K k=8 (--lane=WAY), as one line
+  "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=$1 \
+    --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, $2 M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
+}
+
 server_tp1() {
   serve "$srv" "$tmp/tp1.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda \
     --lanes=8 --max-rows=64
@@ -124,8 +129,7 @@ run_set() {  # TITLE
     fi
     if want breakdown; then
       echo
-      "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=shm \
-        --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, lane M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
+      cpp_p50 shm lane
       timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --breakdown --rounds="$rounds" \
         --seconds=1 2>&1 | tail -6
       stamp "breakdown $1"
@@ -145,8 +149,7 @@ run_set() {  # TITLE
     fi
     if want transport; then
       echo
-      "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=off \
-        --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, gRPC M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
+      cpp_p50 off gRPC
       timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --transports --rounds="$rounds" \
         --seconds=1 2>&1 | tail -7
       stamp "transport $1"
