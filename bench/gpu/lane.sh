@@ -100,9 +100,9 @@ cpp_p50() {  # WAY LABEL: the C++ load tester's p50 of c=1 M=5 TOP_K k=8 (--lane
     --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, $2 M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
 }
 
-server_tp1() {
-  serve "$srv" "$tmp/tp1.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda \
-    --lanes=8 --max-rows=64
+server_tp1() {  # [PROGRAM LOG]: this bundle's server by default
+  serve "${1:-$srv}" "${2:-$tmp/tp1.log}" --tp=1 --backend=cuda --comm=nccl --synthetic=1 \
+    --shared-memory=system,cuda --lanes=8 --max-rows=64
 }
 
 spin_table() {  # TITLE
@@ -137,8 +137,7 @@ run_set() {  # TITLE
     if want versus; then
       echo
       local this_port=$port this_pid=$pid
-      if serve "$OLD" "$tmp/old.log" --tp=1 --backend=cuda --comm=nccl --synthetic=1 --shared-memory=system,cuda \
-          --lanes=8 --max-rows=64; then
+      if server_tp1 "$OLD" "$tmp/old.log"; then
         echo "# other: $OLD ($(stat -c %y "$OLD" | cut -c1-16)), this: the bundle's"
         timeout 300 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$this_port --versus=127.0.0.1:$port \
           --rounds="$rounds" --seconds=1 2>&1 | tail -6
