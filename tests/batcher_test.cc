@@ -501,7 +501,8 @@ TEST(CompleterTest, AnswersFromTheEnginesBuffersInTurnInOrderBeforeDrainReturns)
 
 // Large answers (FULL_LOGITS, kParallelAnswerBytes in all) are answered by several threads, each
 // caller's requests on one thread in batch order, every request with its own rows, all before
-// Drain; small ones stay on the completer's one thread, in order.
+// Drain; small ones stay on the completer's one thread, in order, and so do FULL_LOGITS answers
+// whose logits the backend already wrote to the callers' device memory.
 TEST(CompleterTest, LargeAnswersSpreadOverThreadsEachCallerInOrder) {
   // One FULL bf16 row of this vocabulary is 2 MB of answer; the payload itself is never read here.
   const ShardGeometry geo = ShardGeometry::Make(1, 0, 64, 1 << 20, 1 << 20);
@@ -515,7 +516,8 @@ TEST(CompleterTest, LargeAnswersSpreadOverThreadsEachCallerInOrder) {
   };
   absl::Mutex mu;
   std::vector<Seen> seen;
-  auto batch = [&](RowMode mode, const std::vector<uint64_t>& callers) {
+  uint8_t device_rows[1];  // never written: only whether a request names device memory matters
+  auto batch = [&](RowMode mode, const std::vector<uint64_t>& callers, bool on_device = false) {
     std::vector<BatchItem> items;
     for (size_t i = 0; i < callers.size(); ++i) {
       auto r = std::make_shared<PreparedRequest>();
@@ -527,6 +529,7 @@ TEST(CompleterTest, LargeAnswersSpreadOverThreadsEachCallerInOrder) {
       it.req = r;
       it.caller = CallerKey{"stream", callers[i]};
       it.enqueued = Clock::now();
+      if (on_device) it.device_logits = device_rows;
       it.done = [&, i, caller = callers[i]](const absl::Status& s, const BatchRowsResult* res) {
         ASSERT_TRUE(s.ok());
         std::this_thread::sleep_for(std::chrono::milliseconds(5));  // answering takes a while
@@ -564,6 +567,11 @@ TEST(CompleterTest, LargeAnswersSpreadOverThreadsEachCallerInOrder) {
   c.Drain();
   check(2, 1 + Completer::kAnswerHelpers);
   c.Submit(batch(RowMode::kTopK, callers), ResultOver(layout, gathered.data(), 16, geo, 20), Clock::now());
+  c.Drain();
+  check(1, 1);
+  BatchRowsResult written = ResultOver(layout, gathered.data(), 16, geo, 20);
+  written.logits_on_device = true;
+  c.Submit(batch(RowMode::kFullLogits, callers, /*on_device=*/true), written, Clock::now());
   c.Drain();
   check(1, 1);
 }

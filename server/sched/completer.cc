@@ -24,11 +24,13 @@ void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::t
   }
 }
 
-size_t AnswerBytes(const PreparedRequest& req, const ShardGeometry& geo) {
+size_t AnswerBytes(const BatchItem& it, const BatchRowsResult& result) {
+  const PreparedRequest& req = *it.req;
   const RowTask& t = req.task;
-  if (t.mode == RowMode::kFullLogits)
-    return static_cast<size_t>(req.rows) * static_cast<size_t>(geo.vocab_size) * OutDTypeBytes(t.dtype);
-  return static_cast<size_t>(req.rows) * (static_cast<size_t>(t.k) * 8 + 8);
+  if (t.mode != RowMode::kFullLogits) return static_cast<size_t>(req.rows) * (static_cast<size_t>(t.k) * 8 + 8);
+  if (result.logits_on_device && it.device_logits != nullptr) return req.rows;  // already in place
+  return static_cast<size_t>(req.rows) * static_cast<size_t>(result.geometry->vocab_size) *
+         OutDTypeBytes(t.dtype);
 }
 
 Completer::Completer() {
@@ -67,10 +69,9 @@ void Completer::HelperLoop() {
 
 void Completer::Answer(Job& job) {
   std::vector<BatchItem>& items = job.items;
-  const ShardGeometry* geo = job.result.geometry;
   size_t total = 0;
-  if (geo != nullptr)
-    for (const auto& it : items) total += AnswerBytes(*it.req, *geo);
+  if (job.result.geometry != nullptr)
+    for (const auto& it : items) total += AnswerBytes(it, job.result);
   if (total < kParallelAnswerBytes || items.size() < 2 || helpers_.empty())
     return AnswerBatch(items, job.result, job.started);
   // Each caller's requests, in batch order, on one thread (a stream answers in order); callers
@@ -87,7 +88,7 @@ void Completer::Answer(Job& job) {
     r += items[i].req->rows;
     Caller& c = callers[items[i].caller];
     c.items.push_back(i);
-    c.bytes += AnswerBytes(*items[i].req, *geo);
+    c.bytes += AnswerBytes(items[i], job.result);
   }
   std::vector<Caller*> order;
   for (auto& [key, c] : callers) order.push_back(&c);

@@ -35,8 +35,9 @@ namespace drafthead {
 // its enqueue time to `started`.
 void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::time_point started);
 
-// The answer bytes a request's share makes (what its combine writes and gRPC serializes).
-size_t AnswerBytes(const PreparedRequest& req, const ShardGeometry& geo);
+// The answer bytes a request's share makes (what its combine writes and gRPC serializes): none of
+// its logits where the backend already wrote them to the caller's device memory.
+size_t AnswerBytes(const BatchItem& it, const BatchRowsResult& result);
 
 class Completer {
  public:
