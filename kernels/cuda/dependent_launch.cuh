@@ -10,8 +10,11 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <utility>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_carveout.h"
 
 namespace drafthead::cuda {
@@ -48,6 +51,22 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   cfg.attrs = attr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The opt-in to `bytes` of dynamic shared memory for `kernel` on the current device, made once a
+// (kernel, device) rather than a driver call a launch. `prepared`: one bit a device (a static
+// beside the kernel's launcher); devices from 64 on are refused.
+template <typename... Params>
+cudaError_t OptInSharedMemory(void (*kernel)(Params...), int bytes, std::atomic<uint64_t>& prepared) {
+  int dev = 0;
+  DH_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  const uint64_t bit = uint64_t{1} << dev;
+  if (!(prepared.load(std::memory_order_acquire) & bit)) {
+    DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    prepared.fetch_or(bit, std::memory_order_release);
+  }
+  return cudaSuccess;
 }
 
 template <typename... Params, typename... Args>

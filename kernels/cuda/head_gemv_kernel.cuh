@@ -467,12 +467,7 @@ inline cudaError_t PrepareKernel(void (*kernel)(GemvArgs), std::atomic<uint64_t>
   int dev = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
   DH_CUDA_TRY(DeviceSms(dev, sms));  // refuses dev >= kMaxDevices
-  const uint64_t bit = uint64_t{1} << dev;
-  if (!(prepared.load(std::memory_order_acquire) & bit)) {
-    DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBudget));
-    prepared.fetch_or(bit, std::memory_order_release);
-  }
-  return cudaSuccess;
+  return OptInSharedMemory(kernel, kSmemBudget, prepared);
 }
 
 template <int MT, class C>

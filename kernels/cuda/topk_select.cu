@@ -273,8 +273,8 @@ cudaError_t LaunchTopKSelect(const float* y, int64_t ldy, int64_t n_valid, int32
   if (segs > kMergeMaxKeys / static_cast<int64_t>(kMaxTopK)) return cudaErrorInvalidValue;
   const int smem_floats = static_cast<int>(std::min<int64_t>(seg_len, kTopKSmemFloats));
   uint8_t* seg_scratch = static_cast<uint8_t*>(scratch);
-  DH_CUDA_TRY(cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   kTopKSmemFloats * 4));
+  static std::atomic<uint64_t> kernel_ready{0}, merge_ready{0};
+  DH_CUDA_TRY(OptInSharedMemory(TopKKernel, kTopKSmemFloats * 4, kernel_ready));
   DH_CUDA_TRY(LaunchDependent(TopKKernel, dim3(nrows, static_cast<unsigned>(segs)),
                               dim3(kTopKThreads), smem_floats * sizeof(float), stream, y, ldy,
                               n_valid, id_base, rows, payload, smem_floats, seg_len, seg_scratch,
@@ -282,8 +282,7 @@ cudaError_t LaunchTopKSelect(const float* y, int64_t ldy, int64_t n_valid, int32
   if (segs > 1) {
     size_t keys = 1;  // the bitonic sort pads to a power of two
     while (keys < static_cast<size_t>(segs) * kMaxTopK) keys <<= 1;
-    DH_CUDA_TRY(cudaFuncSetAttribute(TopKMerge, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kMergeMaxKeys * 8));
+    DH_CUDA_TRY(OptInSharedMemory(TopKMerge, kMergeMaxKeys * 8, merge_ready));
     DH_CUDA_TRY(LaunchDependent(TopKMerge, dim3(nrows), dim3(kTopKThreads), keys * 8, stream, y,
                                 ldy, id_base, rows, payload, static_cast<int>(segs),
                                 static_cast<const uint8_t*>(seg_scratch), min_k));
