@@ -20,9 +20,9 @@ struct Outcome {
   int64_t budget_crowded = 0;  // SpinBudgetNs(false): a submission among others
 };
 
-// `calls` calls, each answered at least `delay` after its publication (0: before its wait).
-// `once_asleep`: the answer also waits (up to 2 s) for the caller to be asleep, so a caller that
-// reaches its wait late on a loaded host cannot catch the answer while still spinning.
+// `calls` calls, each answered at least `delay` after the caller starts waiting (0: before its
+// wait), so every wait lasts `delay` however late a loaded host runs the caller. `once_asleep`: the
+// answer also waits (up to 2 s) for the caller to be asleep, so it cannot be caught spinning.
 Outcome Calls(int64_t spin_ns, std::chrono::microseconds delay, int calls, int warmup,
               bool once_asleep = false) {
   LaneRingConfig c;
@@ -49,20 +49,25 @@ Outcome Calls(int64_t spin_ns, std::chrono::microseconds delay, int calls, int w
       if (hdr->client_sleeping.load(std::memory_order_relaxed) != 0) FutexWake(&hdr->cq_count, INT_MAX);
     };
     std::thread server;
+    std::atomic<bool> waiting{false};
     if (delay.count() == 0) {
       answer();  // before the wait
     } else {
       server = std::thread([&] {
+        // Up to 2 s for each condition: a caller that never waits or never sleeps fails its checks.
+        auto await = [](auto&& cond) {
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+          while (!cond() && std::chrono::steady_clock::now() < give_up)
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        };
+        await([&] { return waiting.load(std::memory_order_acquire); });
         std::this_thread::sleep_for(delay);
-        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-        while (once_asleep && hdr->client_sleeping.load(std::memory_order_acquire) == 0 &&
-               std::chrono::steady_clock::now() < give_up) {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+        if (once_asleep) await([&] { return hdr->client_sleeping.load(std::memory_order_acquire) != 0; });
         answer();
       });
     }
     const LaneCompletion* done = nullptr;
+    waiting.store(true, std::memory_order_release);
     const LaneError w = ring->Wait(seq, MonotonicNanos() + 5'000'000'000, &done);
     EXPECT_TRUE(w.ok()) << w.message;
     EXPECT_EQ(done, ring->completion(seq));
@@ -96,7 +101,7 @@ TEST(LaneRingWait, TheAutomaticBudgetLearnsTheCallsLength) {
 
 // A zero budget never spins: every answer is found after sleeping, none is lost.
 TEST(LaneRingWait, ZeroBudgetSleepsAndStillGetsEveryAnswer) {
-  EXPECT_EQ(Calls(0, std::chrono::microseconds(100), 10, 0).slept, 10u);
+  EXPECT_EQ(Calls(0, std::chrono::microseconds(100), 10, 0, /*once_asleep=*/true).slept, 10u);
 }
 
 // Before any answer the automatic budget is 200 us; it stays within 50 us .. 2 ms.
