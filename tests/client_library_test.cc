@@ -245,13 +245,14 @@ TEST(ClientRetry, NothingListeningFailsWithinTheDeadline) {
 }
 
 TEST(ClientHealth, WaitUntilServingPolls) {
-  FakeServerProcess server({"--health-delay-ms=700"});
+  // Long enough not to be over before the first checks on a loaded machine.
+  FakeServerProcess server({"--health-delay-ms=5000"});
   ASSERT_NE(server.port(), 0);
   auto c = DraftHeadClient::Connect(server.target(), {});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->CheckHealth().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ((*c)->WaitUntilServing(absl::Milliseconds(150)).code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE((*c)->WaitUntilServing(absl::Seconds(10), absl::Milliseconds(50)).ok());
+  EXPECT_TRUE((*c)->WaitUntilServing(absl::Seconds(30), absl::Milliseconds(50)).ok());
 }
 
 TEST(ClientConnect, RejectsBadOptions) {

@@ -393,8 +393,12 @@ TEST(EngineTest, BatchedRequestsEqualTheSameRequestsAlone) {
   }
   std::vector<Result> alone;
   for (const auto& r : reqs) alone.push_back(Submit(*g, r).get());
+  // The same requests queued together before a second group's loop starts: batched whatever the
+  // host's scheduling (submitted to a running loop, they might each run alone).
+  auto together = StartGroup(w, rows, k, 2, rows, false, 64, {}, nullptr, /*start_loop=*/false);
   std::vector<std::future<Result>> futs;
-  for (const auto& r : reqs) futs.push_back(Submit(*g, r));
+  for (const auto& r : reqs) futs.push_back(Submit(*together, r));
+  StartLoop(*together);
   uint32_t max_batch = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     Result b = futs[i].get();

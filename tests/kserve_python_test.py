@@ -268,7 +268,14 @@ class KServeStreamBackpressureTest(unittest.TestCase):
             req.raw_input_contents.append(x.tobytes())
             req.parameters["logits_dtype"].string_param = "FP32"  # 64 x 65536 x 4 = 16 MiB an answer
             answers = stub.ModelStreamInfer(iter([req] * 200))   # never read until the end
-            time.sleep(4)
+            # Read only once the server has cancelled it (its log says so; a loaded machine may be slow).
+            log = os.path.join(d, "server.log")
+            until = time.monotonic() + 60
+            while time.monotonic() < until:
+                with open(log, errors="replace") as f:
+                    if "stream_cancelled" in f.read():
+                        break
+                time.sleep(0.1)
             with self.assertRaises(grpc.RpcError) as cm:
                 for _ in answers:
                     pass

@@ -192,11 +192,13 @@ TEST_F(StreamBudgetTest, CallersThatNeverReadCostOnlyThemselves) {
     deaf.push_back(std::make_unique<DeafStream>());
     StartDeaf(*deaf.back(), *stub, kRequestsPerStream);
   }
-  // Wait until rank 0 stops computing for them: the answered count unchanged for 1.5 s.
+  // Wait until rank 0 stops computing for them: every stream's first answer (a starved one fails
+  // below), then the answered count unchanged for 1.5 s.
   int last = -1, answered = 0;
   auto stable_since = Clock::now();
   const auto until = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < until && Clock::now() - stable_since < std::chrono::milliseconds(1500)) {
+  while (Clock::now() < until &&
+         (answered < kDeafStreams || Clock::now() - stable_since < std::chrono::milliseconds(1500))) {
     answered = FullLogitsAnswered(metrics_port_) - answered_before;
     if (answered != last) {
       last = answered;

@@ -101,13 +101,13 @@ TEST(UnaryApiTest, SyncCallsQueuedPastTheirDeadlineAnswerDeadlineExceeded) {
   OneRankServer s(UnaryApi::kSync);
   const v1::LogitsRequest req = EveryMode(1, 5)[2];  // ARGMAX
   std::future<Answer> expires = std::async(std::launch::async, [&] {
-    return Call(*s.stub, req, std::chrono::milliseconds(50));
+    return Call(*s.stub, req, std::chrono::milliseconds(300));  // long enough to reach the queue
   });
   std::future<Answer> waits = std::async(std::launch::async, [&] {
     return Call(*s.stub, req, std::chrono::seconds(30));
   });
   ASSERT_TRUE(s.WaitQueued(2)) << s.batcher.queued_requests() << " queued";
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // past the first one's deadline
   s.StartLoop();
   ASSERT_EQ(expires.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   ASSERT_EQ(waits.wait_for(std::chrono::seconds(30)), std::future_status::ready);
