@@ -53,14 +53,18 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// Per-device caches of launch set-up (a bit or a slot a device) cover devices 0 .. kMaxDevices - 1.
+constexpr int kMaxDevices = 64;
+
 // The opt-in to `bytes` of dynamic shared memory for `kernel` on the current device, made once a
 // (kernel, device) rather than a driver call a launch. `prepared`: one bit a device (a static
-// beside the kernel's launcher); devices from 64 on are refused.
+// beside the kernel's launcher); devices from kMaxDevices on are refused.
 template <typename... Params>
 cudaError_t OptInSharedMemory(void (*kernel)(Params...), int bytes, std::atomic<uint64_t>& prepared) {
+  static_assert(kMaxDevices <= 64, "one bit a device");
   int dev = 0;
   DH_CUDA_TRY(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
   const uint64_t bit = uint64_t{1} << dev;
   if (!(prepared.load(std::memory_order_acquire) & bit)) {
     DH_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));

@@ -450,7 +450,6 @@ __global__ void __launch_bounds__(C::W * 32, 1) GemvFp8Kernel(const GemvArgs a) 
 // What a launch needs from the device, set up once per (kernel, device): the shared-memory opt-in
 // (cudaFuncSetAttribute) and the SM count. The current device is read per launch (a thread-local
 // read in the runtime) so that one process may drive several devices.
-constexpr int kMaxDevices = 64;
 inline cudaError_t DeviceSms(int dev, int* sms) {
   static std::atomic<int> cache[kMaxDevices] = {};
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
