@@ -66,10 +66,19 @@ def stop(proc, timeout):
             proc.wait()
 
 
+_GIVEN_PORTS = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, never one this process was given before (the kernel may hand a
+    closed port out again at once: two asked for in a row could otherwise be the same)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 _ST_DTYPES = {"BF16": np.uint16, "F32": np.float32, "I32": np.int32, "U8": np.uint8}

@@ -32,7 +32,10 @@ trap cleanup EXIT
 passed=0 failed=0
 pass() { echo "PASS: $*"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Two free loopback ports, never alike (the kernel may hand a closed port out again at once).
+free_ports() { python3 -c 'import socket
+a = socket.socket(); a.bind(("127.0.0.1", 0)); b = socket.socket(); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])'; }
 # Runs the entrypoint with exactly the given environment (nothing inherited but PATH).
 # run_ep [NAME=VALUE...] [ARGS for the entrypoint...]: the leading NAME=VALUE words are the environment.
 run_ep() {
@@ -169,7 +172,7 @@ got=$(run_ep DRAFTHEAD_DRY_RUN=1 DRAFTHEAD_SYNTHETIC=1 DRAFTHEAD_TP=2 DRAFTHEAD_
 if [[ $(ulimit -l) == unlimited ]] || [[ $got == *"locked-memory limit"* ]]; then pass "NCCL memlock check"; else fail "no memlock warning: $got"; fi
 
 # ---- 3. a 2-rank group through the entrypoint -----------------------------------------------------
-port=$(free_port) mport=$(free_port)
+read -r port mport <<< "$(free_ports)"
 start_ep "$work/group.log" "${small[@]}" DRAFTHEAD_TP=2 DRAFTHEAD_LISTEN=127.0.0.1:$port \
   DRAFTHEAD_METRICS_LISTEN=127.0.0.1:$mport DRAFTHEAD_DRAIN_GRACE=2s DRAFTHEAD_DRAIN_TIMEOUT=5s
 pid=$started
@@ -209,7 +212,7 @@ done
 grep -q 'event=worker_shutdown' "$work/group.log" && pass "the worker shut down cleanly" || fail "no worker_shutdown in the log"
 
 # ---- 4. one rank per container -------------------------------------------------------------------
-port=$(free_port) kv=$(free_port)
+read -r port kv <<< "$(free_ports)"
 rankenv=("${small[@]}" DRAFTHEAD_WORLD=2 DRAFTHEAD_LEADER=127.0.0.1:$kv DRAFTHEAD_LOCAL_RANK=0
   DRAFTHEAD_LISTEN=127.0.0.1:$port DRAFTHEAD_DRAIN_GRACE=1s DRAFTHEAD_DRAIN_TIMEOUT=5s DRAFTHEAD_JOIN_TIMEOUT=60s)
 start_ep "$work/rank1.log" "${rankenv[@]}" DRAFTHEAD_RANK=1  # a worker may start first: it waits for the leader
@@ -230,7 +233,7 @@ if [ "$rc0" = 0 ] && [ "$rc1" = 0 ]; then pass "SIGTERM to rank 0: both ranks ex
   fail "rank-per-process stop: rank 0 $rc0, rank 1 $rc1"; tail -5 "$work/rank0.log" "$work/rank1.log"; fi
 
 # ---- 5. a rank dies ------------------------------------------------------------------------------
-port=$(free_port)
+read -r port _ <<< "$(free_ports)"
 start_ep "$work/fail.log" "${small[@]}" DRAFTHEAD_TP=2 DRAFTHEAD_LISTEN=127.0.0.1:$port DRAFTHEAD_OP_TIMEOUT=2s
 pid=$started
 if health_until "$port" "$pid" "$work/fail.log" 60; then

@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,16 +33,25 @@ inline std::string BinDir() {
   return d ? d : ".";
 }
 
+// A loopback port free now, and never one this process was given before: the kernel may hand a
+// closed port out again at once, so two ports asked for in a row (a server's gRPC and metrics
+// ports) could otherwise be the same.
 inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> l(mu);
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    const int port = ntohs(a.sin_port);
+    if (given.insert(port).second) return port;
+  }
 }
 
 // Children of `pid` (the launcher's worker ranks).
