@@ -2,7 +2,8 @@
 """Latency of the Python client as a scheduler sees it (issue 11): one call at a time, hidden rows
 in (torch on the GPU when --device=cuda, else numpy bf16 bits), results back where the input lives
 (torch: on the input's device, synchronized before the clock stops). Prints one Markdown row per
-case: calls measured, p50 / p90 / p99 in microseconds. With the drafthead_client package importable
+case: calls measured, p50 / p90 / p99 in microseconds, and the calling thread's CPU time per call
+(the client's own work, which a loaded host's wall clock buries under scheduling delays). With the drafthead_client package importable
 (its wheel installed, or bench/gpu/env.sh's bundle on the GPU machine):
 
     python3 bench/python_client_bench.py --target=127.0.0.1:50051 --device=cuda --seconds=5
@@ -64,8 +65,8 @@ def main():
         "full5": ("M=5 FULL_LOGITS bf16", 5, lambda head, h: head.logits(h, dtype="bf16")),
     }
     kind = f"torch {args.device}" if use_torch else "numpy bf16"
-    print(f"| python client ({kind}) | lane | calls | p50 us | p90 us | p99 us |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| python client ({kind}) | lane | calls | p50 us | p90 us | p99 us | client CPU us/call |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, lane_mode, _ in [(n, m, r) for r in range(args.rounds) for n in args.cases.split(",") for m in heads]:
         label, rows, case = cases[name]
         call = (lambda head: lambda h: case(head, h))(heads[lane_mode])
@@ -75,19 +76,23 @@ def main():
         lat = []
         t_end_warm = time.perf_counter() + args.warmup
         t_end = t_end_warm + args.seconds
+        cpu0 = None
         while True:
             t0 = time.perf_counter()
             if t0 >= t_end:
                 break
+            if cpu0 is None and t0 >= t_end_warm:
+                cpu0 = time.thread_time()
             out = call(x)
             sync()  # the results are on the input's device and usable
             t1 = time.perf_counter()
             if t0 >= t_end_warm:
                 lat.append((t1 - t0) * 1e6)
             del out
+        cpu_us = (time.thread_time() - cpu0) * 1e6 / max(1, len(lat)) if cpu0 is not None else float("nan")
         lat.sort()
         print(f"| {label} | {lane_mode} | {len(lat)} | {percentile(lat, 0.5):.1f} | {percentile(lat, 0.9):.0f} | "
-              f"{percentile(lat, 0.99):.0f} |", flush=True)
+              f"{percentile(lat, 0.99):.0f} | {cpu_us:.0f} |", flush=True)
     for h in heads.values():
         h.close()
 

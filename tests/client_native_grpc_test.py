@@ -66,6 +66,32 @@ class NativeGrpcTest(RealServerTestCase):
                    lambda h: tuple(h.sample(self.x, temperature=0.9, seed=7))):
             self.assertTrue(same(fn(self.native), fn(self.grpcio)))
 
+    def test_full_logits_of_one_call_are_the_same_and_writable(self):
+        x = self.x[:5]  # one call: its logits are the array returned, copied once off the wire
+        for dtype in ("bf16", "fp32"):
+            a, b = self.native.logits(x, dtype=dtype), self.grpcio.logits(x, dtype=dtype)
+            self.assertTrue(same(a, b))
+            self.assertTrue(a.flags.writeable and b.flags.writeable)
+
+    def test_a_split_answer_reads_like_the_message(self):
+        method = "/drafthead.v1.DraftHead/ComputeLogits"
+        whole = self.native._native.unary(method, dc.pb.LogitsResponse)
+        split = self.native._native.unary(method, dc.pb.LogitsResponse, split_field=5)
+        hidden = self.x[:2].tobytes()
+        full = dc.pb.LogitsRequest(rows=2, hidden=hidden, hidden_dtype=dc.pb.FP32, mode=dc.pb.FULL_LOGITS,
+                                   logits_dtype=dc.pb.BF16)
+        a, b = whole(full, timeout=30), split(full, timeout=30)
+        self.assertIsInstance(b.logits, np.ndarray)
+        self.assertEqual(b.logits.dtype, np.uint8)
+        self.assertEqual(b.logits.tobytes(), a.logits)
+        self.assertEqual((b.rows, b.vocab_size, b.logits_dtype), (a.rows, a.vocab_size, a.logits_dtype))
+        self.assertFalse(b.HasField("error"))
+        topk = dc.pb.LogitsRequest(rows=2, hidden=hidden, hidden_dtype=dc.pb.FP32, mode=dc.pb.TOP_K, top_k=5)
+        c, d = whole(topk, timeout=30), split(topk, timeout=30)
+        self.assertEqual(d.logits.size, 0)  # no logits field: an empty array
+        self.assertEqual(list(d.token_ids), list(c.token_ids))
+        self.assertEqual(list(d.values), list(c.values))
+
     def test_errors_keep_their_code_and_message(self):
         errors = []
         for h in (self.native, self.grpcio):

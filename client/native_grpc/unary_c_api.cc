@@ -1,10 +1,15 @@
 #include "client/native_grpc/unary_c_api.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -38,6 +43,10 @@ struct Call {
   bool ended = false;
   int code = 0;
   std::string message;
+  // dh_grpc_answer_field_bytes' findings: the field, how often it came, the last one's size.
+  int split_field = 0;
+  int split_count = 0;
+  uint32_t split_bytes = 0;
 
   ~Call() {
     cq.Shutdown();  // a queue is shut down and drained before it is destroyed
@@ -84,11 +93,66 @@ bool WaitEnd(Call* call, std::chrono::system_clock::time_point until) {
   }
 }
 
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+using google::protobuf::internal::WireFormatLite;
+
+bool IsField(uint32_t tag, int field) {
+  return WireFormatLite::GetTagFieldNumber(tag) == field &&
+         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+}
+
+// How often top-level length-delimited field `field` comes in the answer and the last one's size
+// (the one a parser keeps); false if the answer is not protobuf wire format. Reads the answer's
+// slices in place.
+bool FindField(grpc::ByteBuffer* answer, int field, int* count, uint32_t* bytes) {
+  grpc::ProtoBufferReader reader(answer);
+  CodedInputStream in(&reader);
+  in.SetTotalBytesLimit(INT_MAX);
+  *count = 0;
+  *bytes = 0;
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    if (IsField(tag, field)) {
+      uint32_t len;
+      if (!in.ReadVarint32(&len) || !in.Skip(static_cast<int>(len))) return false;
+      ++*count;
+      *bytes = len;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return in.ConsumedEntireMessage();
+}
+
+// The answer's `count`-th (last) occurrence of field `field` into dst, every other field (as it
+// came, tags included; earlier occurrences dropped) into *rest.
+bool SplitField(grpc::ByteBuffer* answer, int field, int count, void* dst, std::string* rest) {
+  grpc::ProtoBufferReader reader(answer);
+  CodedInputStream in(&reader);
+  in.SetTotalBytesLimit(INT_MAX);
+  {
+    StringOutputStream sink(rest);
+    CodedOutputStream out(&sink);
+    int seen = 0;
+    for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+      if (IsField(tag, field)) {
+        uint32_t len;
+        if (!in.ReadVarint32(&len)) return false;
+        if (++seen == count ? !in.ReadRaw(dst, static_cast<int>(len)) : !in.Skip(static_cast<int>(len))) return false;
+      } else if (!WireFormatLite::SkipField(&in, tag, &out)) {
+        return false;
+      }
+    }
+  }  // out flushes into *rest here
+  return in.ConsumedEntireMessage();
+}
+
 }  // namespace
 
 extern "C" {
 
-DH_EXPORT int dh_grpc_abi_version(void) { return 2; }
+DH_EXPORT int dh_grpc_abi_version(void) { return 3; }
 
 DH_EXPORT void* dh_grpc_open(const char* target, int64_t max_message_bytes, char* msg, size_t msg_len) {
   if (target == nullptr || *target == '\0') {
@@ -201,6 +265,53 @@ DH_EXPORT int dh_grpc_finish(void* call, void** resp, size_t* resp_len, char* ms
   }
   *resp = out;
   *resp_len = n;
+  return 0;
+}
+
+DH_EXPORT int64_t dh_grpc_answer_field_bytes(void* call, int field) {
+  auto* c = static_cast<Call*>(call);
+  if (c->code != 0 || field <= 0) return -1;
+  while (!WaitEnd(c, std::chrono::system_clock::now() + std::chrono::seconds(1))) {
+  }
+  if (!c->status.ok()) return -1;
+  c->split_field = field;
+  if (!FindField(&c->answer, field, &c->split_count, &c->split_bytes)) {
+    c->split_field = -1;  // dh_grpc_finish_split says why
+    return -1;
+  }
+  return c->split_bytes;
+}
+
+DH_EXPORT int dh_grpc_finish_split(void* call, int field, void* dst, size_t dst_len, void** resp, size_t* resp_len,
+                                   char* msg, size_t msg_len) {
+  auto* c = static_cast<Call*>(call);
+  if (c->code == 0 && c->split_field == -1) {  // ended OK, but dh_grpc_answer_field_bytes could not read it
+    std::unique_ptr<Call> owned(c);
+    Message(msg, msg_len, "the answer is not a protobuf message");
+    return static_cast<int>(grpc::StatusCode::INTERNAL);
+  }
+  if (c->code != 0 || field <= 0 || c->split_field != field) return dh_grpc_finish(call, resp, resp_len, msg, msg_len);
+  std::unique_ptr<Call> owned(c);  // freed on every path below
+  if (resp != nullptr) *resp = nullptr;
+  if (resp_len != nullptr) *resp_len = 0;
+  if (resp == nullptr || resp_len == nullptr || (dst == nullptr && c->split_bytes != 0) || dst_len != c->split_bytes) {
+    Message(msg, msg_len, "dh_grpc_finish_split: a null argument, or dst_len is not the field's size");
+    return static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  std::string rest;
+  if (!SplitField(&c->answer, field, c->split_count, dst, &rest)) {
+    Message(msg, msg_len, "the answer is not a protobuf message");
+    return static_cast<int>(grpc::StatusCode::INTERNAL);
+  }
+  if (rest.empty()) return 0;
+  auto* out = static_cast<uint8_t*>(std::malloc(rest.size()));
+  if (out == nullptr) {
+    Message(msg, msg_len, "out of memory for the answer");
+    return static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  std::memcpy(out, rest.data(), rest.size());
+  *resp = out;
+  *resp_len = rest.size();
   return 0;
 }
 

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-int dh_grpc_abi_version(void);  // 2 (1: one blocking dh_grpc_unary)
+int dh_grpc_abi_version(void);  // 3 (2: without the field split; 1: one blocking dh_grpc_unary)
 
 // A channel to target (HOST:PORT, unix:PATH or any gRPC target) whose messages may be up to
 // max_message_bytes each way. NULL on failure, the reason in msg.
@@ -47,6 +47,18 @@ void dh_grpc_cancel(void* call);
 // dh_grpc_free; an empty answer may be NULL). Else the code, with the status message in msg.
 int dh_grpc_finish(void* call, void** resp, size_t* resp_len, char* msg, size_t msg_len);
 void dh_grpc_free(void* p);
+
+// One large field of the answer straight into the caller's memory (a 1.3 MB logits field was
+// copied five times on its way into a numpy array): the answer read as protobuf wire format, no
+// message type needed. dh_grpc_answer_field_bytes waits for the call to end, then gives the size of
+// its top-level length-delimited field `field` (the last occurrence, as a parser keeps; 0 when
+// absent), or -1 when the call failed or the answer is not wire format (then dh_grpc_finish_split,
+// or dh_grpc_finish, says why). dh_grpc_finish_split (after it, same field; else it is
+// dh_grpc_finish) copies that field's bytes into dst (dst_len: that size) and returns the rest of
+// the answer, every other field as it came, like dh_grpc_finish; it frees the call.
+int64_t dh_grpc_answer_field_bytes(void* call, int field);
+int dh_grpc_finish_split(void* call, int field, void* dst, size_t dst_len, void** resp, size_t* resp_len, char* msg,
+                         size_t msg_len);
 
 #ifdef __cplusplus
 }

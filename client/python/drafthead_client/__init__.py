@@ -413,15 +413,14 @@ class _HeadBase:
             if resp.logits_dtype != out_dtype or len(resp.logits) != req.rows * resp.vocab_size * esize:
                 raise DraftHeadError("INTERNAL", "malformed response: logits size or dtype")
             vocab = resp.vocab_size
-            parts.append(resp.logits)
-        raw = b"".join(parts)
+            parts.append(resp.logits)  # bytes, or a numpy uint8 array of our own (native call, lane)
         if enc.kind == "bytes":
-            return raw
-        if out_dtype == pb.FP32:
-            arr = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-        else:
-            arr = np.frombuffer(raw, dtype="<u2").astype(np.uint16)
-        arr = arr.reshape(enc.lead_shape + (vocab,))
+            return b"".join(parts)
+        # One call's own array (the common case) is the answer as it is; bytes (grpcio), or several
+        # calls, are copied once into a new array.
+        own = len(parts) == 1 and isinstance(parts[0], np.ndarray)
+        flat = parts[0] if own else np.concatenate([np.frombuffer(p, dtype=np.uint8) for p in parts])
+        arr = flat.view(np.float32 if out_dtype == pb.FP32 else np.uint16).reshape(enc.lead_shape + (vocab,))
         if enc.kind == "numpy_f32" and out_dtype == pb.BF16:
             return bf16_to_float32(arr)
         if enc.kind == "torch":
@@ -483,10 +482,14 @@ class RemoteDraftHead(_HeadBase):
         # ComputeLogits (the hot call) through the native library where chosen; the rest via grpcio.
         self._native: Optional[native_grpc.NativeChannel] = None
         self._compute_logits: Callable[..., Any] = self._stub.ComputeLogits
+        self._compute_full_logits: Callable[..., Any] = self._stub.ComputeLogits
         if self.transport != "grpcio" and not self._native_refused:
             try:
                 self._native = native_grpc.NativeChannel(self.target, self._max_message_bytes)
                 self._compute_logits = self._native.unary("/drafthead.v1.DraftHead/ComputeLogits", pb.LogitsResponse)
+                # FULL_LOGITS: the logits (field 5) copied once, into the array the caller gets.
+                self._compute_full_logits = self._native.unary("/drafthead.v1.DraftHead/ComputeLogits",
+                                                               pb.LogitsResponse, split_field=5)
             except OSError as e:
                 if self.transport == "native":
                     raise ValueError(f"transport='native': {e}") from None
@@ -527,8 +530,11 @@ class RemoteDraftHead(_HeadBase):
                     lane.close()  # gRPC now, a new lane later
         # A forked child calls through grpcio (fork-aware); the native channel stays its parent's.
         native = self._native is not None and self._native.owned()
-        return self._checked(req, self._call(self._compute_logits if native else self._stub.ComputeLogits, req,
-                                             timeout))
+        if not native:
+            method = self._stub.ComputeLogits
+        else:
+            method = self._compute_full_logits if req.mode == pb.FULL_LOGITS else self._compute_logits
+        return self._checked(req, self._call(method, req, timeout))
 
     # -- the same-host lane --------------------------------------------------------------------------
     def lane(self, cuda_device: Any = None) -> Optional[Lane]:

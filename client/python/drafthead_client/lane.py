@@ -394,7 +394,8 @@ class Lane:
                 raise self._error(_CODE_NAMES.get(code, "UNKNOWN"), bytes(done[92:92 + mlen]).decode(errors="replace"))
             a = LaneAnswer(fields)
             if full:
-                a.logits = bytes(self._outputs[slot][:logits_bytes])
+                # One copy out of the slot, into the array the caller gets (the plan keeps it).
+                a.logits = np.frombuffer(self._outputs[slot], dtype=np.uint8, count=logits_bytes).copy()
             elif rows:
                 entries = rows * k
                 probs = bool(flags & _DONE_PROBS)
@@ -428,7 +429,7 @@ class LaneAnswer:
     def __init__(self, fields: "tuple[Any, ...]"):
         self.request_id, _, self.rows, self.vocab_size, _, _, self.logits_dtype = fields[1:8]
         self._timing = fields[8:20]
-        self.logits = b""
+        self.logits: Any = b""  # FULL_LOGITS: a numpy uint8 array (Lane.compute)
         self.token_ids: Any = _EMPTY_I4
         self.values: Any = _EMPTY_F4
         self.probs: Any = _EMPTY_F4

@@ -3,7 +3,8 @@ the caller's thread through the system's gRPC C++ library instead of grpcio's Py
 us less a call on an H100 host (docs/client.md).
 Bytes in, bytes out: the request is serialized here and the answer parsed here, so the client sees
 the same messages and the same errors (NativeRpcError is a grpc.RpcError with code() and
-details()) either way. Insecure channels only; where the library or the system's gRPC C++ library
+details()) either way; one large bytes field of the answer may come apart, straight into a numpy
+array (unary's split_field). Insecure channels only; where the library or the system's gRPC C++ library
 is missing, load_library says why and the client keeps grpcio."""
 import ctypes
 import os
@@ -11,10 +12,11 @@ import threading
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import grpc
+import numpy as np
 
 from . import _native_libs
 
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _WAIT_SLICE_NS = 200_000_000  # signals (Ctrl-C) are seen between slices, as with grpcio
 _lib: Optional[ctypes.CDLL] = None
 _why_not = ""
@@ -66,8 +68,27 @@ def load_library() -> Tuple[Optional[ctypes.CDLL], str]:
     lib.dh_grpc_finish.argtypes = [c.c_void_p, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.c_char_p,
                                    c.c_size_t]
     lib.dh_grpc_free.argtypes = [c.c_void_p]
+    lib.dh_grpc_answer_field_bytes.restype = c.c_int64
+    lib.dh_grpc_answer_field_bytes.argtypes = [c.c_void_p, c.c_int]
+    lib.dh_grpc_finish_split.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_size_t, c.POINTER(c.c_void_p),
+                                         c.POINTER(c.c_size_t), c.c_char_p, c.c_size_t]
     _lib = lib
     return lib, ""
+
+
+class SplitAnswer:
+    """An answer whose field `name` came apart (NativeChannel.unary's split_field): that attribute is
+    a numpy uint8 array of the field's bytes (empty when absent), every other attribute the message's."""
+
+    __slots__ = ("_message", "_name", "_field")
+
+    def __init__(self, message: Any, name: str, field: Any):
+        self._message, self._name, self._field = message, name, field
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == self._name:
+            return self._field
+        return getattr(self._message, attr)
 
 
 class NativeChannel:
@@ -91,9 +112,13 @@ class NativeChannel:
         self._cond = threading.Condition()
         self._running = 0  # calls inside the library (the handle is freed only when none is)
 
-    def unary(self, method: str, response_type: Any) -> Callable[..., Any]:
+    def unary(self, method: str, response_type: Any, split_field: Optional[int] = None) -> Callable[..., Any]:
+        """split_field: the number of a top-level bytes field of response_type that comes apart, copied
+        once into a new writable numpy uint8 array instead of through the message (the answer is then
+        a SplitAnswer: that field the array, the rest the message's)."""
         lib, name = self._lib, method.encode()
         c = ctypes
+        split_name = response_type.DESCRIPTOR.fields_by_number[split_field].name if split_field else ""
 
         def call(request: Any, timeout: Optional[float] = None, metadata: Sequence[Tuple[str, str]] = ()) -> Any:
             if len(metadata) > 1:
@@ -120,7 +145,14 @@ class NativeChannel:
                     lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
                     lib.dh_grpc_free(out)
                     raise
-                code = lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
+                field = None
+                if split_field:
+                    size = lib.dh_grpc_answer_field_bytes(call_h, split_field)
+                    field = np.empty(max(size, 0), dtype=np.uint8)
+                    code = lib.dh_grpc_finish_split(call_h, split_field, field.ctypes.data, field.nbytes,
+                                                    c.byref(out), c.byref(n), msg, len(msg))
+                else:
+                    code = lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
             finally:
                 with self._cond:
                     self._running -= 1
@@ -128,9 +160,10 @@ class NativeChannel:
             if code != 0:
                 raise NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN), msg.value.decode(errors="replace"))
             try:
-                return response_type.FromString(c.string_at(out, n.value) if out.value else b"")
+                message = response_type.FromString(c.string_at(out, n.value) if out.value else b"")
             finally:
                 lib.dh_grpc_free(out)
+            return message if field is None else SplitAnswer(message, split_name, field)
 
         return call
 
