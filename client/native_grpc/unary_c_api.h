@@ -1,7 +1,8 @@
 // libdrafthead_grpc.so: gRPC unary calls on the caller's thread, with a C ABI for the Python client
 // (ctypes), which otherwise pays grpcio's Python layers (80-180 us a call on an H100 host,
-// docs/client.md). Bytes in, bytes out: the caller serializes the request and parses the answer,
-// so the library knows no message type.
+// docs/client.md). Bytes in, bytes out: the caller serializes the request and parses the answer
+// (one large field may come apart into the caller's memory, found by the wire format alone), so
+// the library knows no message type.
 //
 // A call: dh_grpc_start, then dh_grpc_wait in slices (the caller can react to signals between
 // them, as grpcio's blocking calls do), dh_grpc_cancel to end it early, dh_grpc_finish for its
