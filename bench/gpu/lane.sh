@@ -13,7 +13,8 @@
 #         (the seed's Triton kernel + torch.topk), M = 1, 5, 16, 64; host time per stream-ordered call.
 #         PROFILE=N: then N stream-ordered calls under cProfile (where a call's host time goes).
 # transport: the Python client's gRPC call through grpcio against the native library
-#         (lane_python_bench.py --transports), beside the C++ load tester's p50 of M=5 TOP_K.
+#         (lane_python_bench.py --transports: TOP_K, ARGMAX, FULL_LOGITS bf16), beside the C++ load
+#         tester's p50 of M=5 TOP_K.
 # hostio: the Python lane's two ways for torch CUDA tensors, its CUDA arenas against host IO (rows
 #         into the host arena, token answers inline), alternating rounds (lane_python_bench.py --host-io).
 # hostcopies: Python over gRPC with torch CUDA tensors, the client's pinned copies against pageable

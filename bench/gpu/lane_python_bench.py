@@ -442,8 +442,11 @@ def transports(target, seconds, rounds):
     xn = {m: np.random.default_rng(m).standard_normal((m, K)).astype(np.float32) for m in (1, 5)}
     cases = [("torch CUDA, M=5 TOP_K k=8", lambda h: h.topk(xt[5], 8)),
              ("torch CUDA, M=1 ARGMAX", lambda h: h.argmax(xt[1])),
+             ("torch CUDA, M=5 FULL_LOGITS bf16", lambda h: h.logits(xt[5], dtype="bf16")),
              ("numpy fp32, M=5 TOP_K k=8", lambda h: h.topk(xn[5], 8)),
-             ("numpy fp32, M=1 ARGMAX", lambda h: h.argmax(xn[1]))]
+             ("numpy fp32, M=1 ARGMAX", lambda h: h.argmax(xn[1])),
+             # native: the logits copied once off the wire (dh_grpc_finish_split); grpcio: through the message
+             ("numpy fp32, M=5 FULL_LOGITS bf16", lambda h: h.logits(xn[5], dtype="bf16"))]
     print(f"\n| Python over gRPC (transport in use: {heads['native'].transport_in_use} / grpcio) | grpcio p50 us | "
           "native p50 us | native / grpcio | rounds (grpcio; native) |")
     print("| --- | --- | --- | --- | --- |")
