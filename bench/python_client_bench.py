@@ -3,8 +3,9 @@
 in (torch on the GPU when --device=cuda, else numpy bf16 bits), results back where the input lives
 (torch: on the input's device, synchronized before the clock stops). Prints one Markdown row per
 case: calls measured, p50 / p90 / p99 in microseconds, and the calling thread's CPU time per call
-(the client's own work, which a loaded host's wall clock buries under scheduling delays). With the drafthead_client package importable
-(its wheel installed, or bench/gpu/env.sh's bundle on the GPU machine):
+(the client's own work, which a loaded host's wall clock buries under scheduling delays). With the
+drafthead_client package importable (its wheel installed, or bench/gpu/env.sh's bundle on the GPU
+machine):
 
     python3 bench/python_client_bench.py --target=127.0.0.1:50051 --device=cuda --seconds=5
 """

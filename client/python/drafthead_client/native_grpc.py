@@ -4,8 +4,8 @@ us less a call on an H100 host (docs/client.md).
 Bytes in, bytes out: the request is serialized here and the answer parsed here, so the client sees
 the same messages and the same errors (NativeRpcError is a grpc.RpcError with code() and
 details()) either way; one large bytes field of the answer may come apart, straight into a numpy
-array (unary's split_field). Insecure channels only; where the library or the system's gRPC C++ library
-is missing, load_library says why and the client keeps grpcio."""
+array (unary's split_field). Insecure channels only; where the library or the system's gRPC C++
+library is missing, load_library says why and the client keeps grpcio."""
 import ctypes
 import os
 import threading
@@ -148,7 +148,12 @@ class NativeChannel:
                 field = None
                 if split_field:
                     size = lib.dh_grpc_answer_field_bytes(call_h, split_field)
-                    field = np.empty(max(size, 0), dtype=np.uint8)
+                    try:
+                        field = np.empty(max(size, 0), dtype=np.uint8)
+                    except BaseException:  # MemoryError: the call is still freed
+                        lib.dh_grpc_finish(call_h, c.byref(out), c.byref(n), msg, len(msg))
+                        lib.dh_grpc_free(out)
+                        raise
                     code = lib.dh_grpc_finish_split(call_h, split_field, field.ctypes.data, field.nbytes,
                                                     c.byref(out), c.byref(n), msg, len(msg))
                 else:
