@@ -24,13 +24,13 @@ absl::Status CheckDeviceRowsOut(const BatchControl& ctl, const ShardGeometry& ge
     if (o.rows == 0 || o.row0 < next || o.row0 > ctl.rows || o.rows > ctl.rows - o.row0)
       return bad("empty, out of row order, overlapping or outside the batch");
     if (o.dst == nullptr) return bad("no destination");
+    const OutDType dtype = ctl.tasks[o.row0].dtype;
     for (uint32_t r = o.row0; r < o.row0 + o.rows; ++r) {
-      const RowTask& t = ctl.tasks[r];
-      if (t.mode != RowMode::kFullLogits) return bad("a row is not FULL_LOGITS");
-      if (t.dtype != ctl.tasks[o.row0].dtype) return bad("rows of two dtypes");
-      const uint64_t width = static_cast<uint64_t>(geo.valid_cols()) * OutDTypeBytes(t.dtype);
-      if (o.dst_pitch < width) return bad(absl::StrCat("pitch ", o.dst_pitch, " < a row's ", width, " bytes"));
+      if (ctl.tasks[r].mode != RowMode::kFullLogits) return bad("a row is not FULL_LOGITS");
+      if (ctl.tasks[r].dtype != dtype) return bad("rows of two dtypes");
     }
+    const uint64_t width = static_cast<uint64_t>(geo.valid_cols()) * OutDTypeBytes(dtype);
+    if (o.dst_pitch < width) return bad(absl::StrCat("pitch ", o.dst_pitch, " < a row's ", width, " bytes"));
     next = o.row0 + o.rows;
   }
   return absl::OkStatus();
