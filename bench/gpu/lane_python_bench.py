@@ -46,6 +46,11 @@ import drafthead_client.lane as lanemod
 from drafthead_client import RemoteDraftHead, float32_to_bf16
 
 
+def case_label(mode, m):
+    """A table row's name for a case: mode "topk" (k = 8), "argmax" or "full" (bf16) at M = m."""
+    return {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+
+
 def p(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -184,7 +189,7 @@ def main():
                                              sync=False), 0.5))
             lane.synchronize()
         med = {k: statistics.median(v) if v else float("nan") for k, v in res.items() if k != "lane_all"}
-        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        label = case_label(mode, m)
         ratio = med["lane"] / med["original"] if original is not None else float("nan")
         print(f"| {label} | {med['grpc']:.0f} | {med['lane']:.0f} | {p(res['lane_all'], 0.99):.0f} | "
               f"{med['original']:.0f} | {ratio:.2f} | {med['nowait']:.0f} | {med['nowait_out']:.0f} |", flush=True)
@@ -332,7 +337,7 @@ def host_io_ab(head, K, V, dev, seconds, rounds, ms):
                 host[way].append(p(timed(lambda: call(False, out), seconds, sync=False), 0.5))
                 head.synchronize()
         a, b = statistics.median(sync[False]), statistics.median(sync[True])
-        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        label = case_label(mode, m)
         print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f} | {statistics.median(host[False]):.1f} / "
               f"{statistics.median(host[True]):.1f} | {' '.join(f'{v:.0f}' for v in sync[False])}; "
               f"{' '.join(f'{v:.0f}' for v in sync[True])} |", flush=True)
@@ -424,7 +429,7 @@ def versus(target, other, seconds, rounds):
             for name in (("this", "other") if r % 4 in (0, 3) else ("other", "this")):
                 res[name].append(p(timed(lambda: call(heads[name], x, mode), seconds), 0.5))
         a, b = statistics.median(res["this"]), statistics.median(res["other"])
-        label = {"topk": f"M={m} TOP_K k=8", "argmax": f"M={m} ARGMAX", "full": f"M={m} FULL_LOGITS bf16"}[mode]
+        label = case_label(mode, m)
         print(f"| {label} | {a:.0f} | {b:.0f} | {a / b:.3f} | {' '.join(f'{v:.0f}' for v in res['this'])} | "
               f"{' '.join(f'{v:.0f}' for v in res['other'])} |", flush=True)
     for h in heads.values():
