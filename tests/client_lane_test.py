@@ -195,6 +195,23 @@ class ClientLaneTest(RealServerTestCase):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
 
+    def test_a_host_lane_asked_for_cuda_arenas_keeps_serving_and_says_why(self):
+        # A host caller's first call opens a lane without CUDA arenas; a later torch CUDA call asks
+        # for them (lane(cuda_device=...)). This server serves no CUDA shared memory: the same lane
+        # serves on, its cuda_error says why, and no lane is opened again on later calls.
+        head = dc.RemoteDraftHead(self.target, lane="required", timeout=30)
+        try:
+            x = bf16_bits(np.ones((2, K), np.float32))
+            head.argmax(x)
+            first = head.lane()
+            self.assertFalse(first.cuda_asked)
+            for _ in range(3):
+                self.assertIs(head.lane(cuda_device="cuda:0"), first)
+            self.assertIn("no CUDA shared memory", first.cuda_error)
+            np.testing.assert_array_equal(head.argmax(x)[0], self.grpc.argmax(x)[0])
+        finally:
+            head.close()
+
     def test_bad_request_raises_the_servers_code(self):
         x = bf16_bits(np.ones((2, K), np.float32))
         with self.assertRaises(dc.DraftHeadError) as a:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import unittest
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,8 +47,8 @@ class LaneCudaTest(unittest.TestCase):
         cls.lane = dc.RemoteDraftHead(cls.target, lane="required", timeout=60)
         cls.grpc = dc.RemoteDraftHead(cls.target, lane="off", timeout=60)
         cls.K = cls.grpc.info()["hidden_size"]
-        # The lane with its CUDA arenas, whichever test runs first: a lane opened without a device
-        # (lane() alone, or a first call with host rows) carries CUDA tensors through the host.
+        # The lane with its CUDA arenas, whichever test runs first (a first call with host rows
+        # opens one without; the first CUDA call then replaces it: test_a_host_lane_gains_cuda_arenas).
         opened = cls.lane.lane(cuda_device=torch.device("cuda", torch.cuda.current_device()))
         assert opened.cuda, opened.cuda_error
 
@@ -90,6 +91,33 @@ class LaneCudaTest(unittest.TestCase):
         used, why = self.lane.lane().copy_kernel()  # asks: on by default wherever it loaded
         self.assertTrue(used, why)
         self.assertEqual(why, "")
+
+    def test_a_host_lane_gains_cuda_arenas(self):
+        # A client whose first call sends host rows opens a lane without CUDA arenas; its first
+        # torch CUDA call replaces that lane, once, by one with arenas on the tensor's GPU: the
+        # order of a client's calls does not decide its way. Host rows then take the new lane too.
+        import numpy as np
+        head = dc.RemoteDraftHead(self.target, lane="required", timeout=60)
+        try:
+            xn = dc.float32_to_bf16(np.random.default_rng(4).standard_normal((5, self.K), dtype=np.float32))
+            np.testing.assert_array_equal(head.topk(xn, 8)[0], self.grpc.topk(xn, 8)[0])
+            first = head.lane()
+            self.assertFalse(first.cuda)
+            first_h, first = weakref.ref(first), None  # closed once nothing holds it (the client does not)
+            x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
+            for i in range(REPEAT):
+                got = head.topk(x, 8, wait=i % 2 == 0)
+                head.synchronize()
+                want = self.grpc.topk(x, 8)
+                self.eq(got[0], want[0])
+                self.eq(got[1], want[1])
+            now = head.lane()
+            self.assertTrue(now.cuda, now.cuda_error)
+            self.assertIsNone(first_h(), "the replaced lane is still held (so still open)")
+            np.testing.assert_array_equal(head.topk(xn, 8)[0], self.grpc.topk(xn, 8)[0])
+            self.assertIs(head.lane(), now)
+        finally:
+            head.close()
 
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)

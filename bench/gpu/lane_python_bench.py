@@ -389,7 +389,8 @@ def breakdown(target, seconds, rounds):
             "torch CUDA, wait=False, synchronised": (lambda: head.topk(xt, 8, wait=False), True),
             "torch.cuda.synchronize() alone": (lambda: None, True)}
     for fn, _ in ways.values():
-        fn()  # opens the lane (host, then CUDA arenas) outside the timing
+        fn()  # opens the lane (host, then replaced by one with CUDA arenas) outside the timing
+    print(f"# the lane's CUDA arenas: {head.lane().cuda} ({head.lane().cuda_error or 'in use'})")
     res = {k: [] for k in ways}
     for r in range(rounds):
         for name in (list(ways) if r % 2 == 0 else list(reversed(list(ways)))):

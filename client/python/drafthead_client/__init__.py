@@ -221,6 +221,7 @@ class _HeadBase:
         self._lane_error: Optional[DraftHeadError] = None  # why the last lane could not open (or broke)
         self._lane_retry_at = 0.0                         # no new lane before this (time.monotonic)
         self._lane_lock = threading.Lock()
+        self._lane_cuda_tried = False  # a host lane was replaced (or tried to be) by one with CUDA arenas
         # The server's fair queue tells unary callers apart by connection and by this value (over
         # unix: every connection's peer reads the same): one caller per client (common/caller_header.h).
         self._caller_md = (("drafthead-caller", f"{os.getpid():x}-{random.getrandbits(48):012x}"),)
@@ -267,9 +268,24 @@ class _HeadBase:
     def _lane_open(self, stub: Any, call: Callable[..., Any], cuda_device: Any = None) -> Optional[Lane]:
         """The open lane, opening one when due (blocking: GetModelInfo and OpenLane through `call` on
         `stub`, a blocking stub); None: calls use gRPC. A failed open is tried again after 5 s; in
-        "required" mode it raises DraftHeadError with the reason."""
+        "required" mode it raises DraftHeadError with the reason. cuda_device given and the open lane
+        opened without one (a host caller's first call): replaced, once, by a lane with arenas on that
+        GPU, so that the order of a client's calls does not decide its way; the old lane closes when
+        its last call returns (it holds no stream-ordered calls: those need the arenas)."""
         with self._lane_lock:
             lane, due = self._lane_now()
+            if lane is not None and cuda_device is not None and not lane.cuda_asked and not self._lane_cuda_tried:
+                self._lane_cuda_tried = True
+                try:
+                    info = call(stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
+                    if pb.CUDA_IPC not in list(info.shared_memory):
+                        lane.cuda_error = "the server serves no CUDA shared memory (--shared-memory=cuda)"
+                    else:
+                        self._lane = Lane(pb, stub, info, call, DraftHeadError, depth=self._lane_depth,
+                                          cuda_device=cuda_device)
+                except (LaneUnavailable, DraftHeadError) as e:  # the host lane serves on, saying why
+                    lane.cuda_error = f"a lane with CUDA arenas could not open: {e}"
+                return self._lane
             if not due:
                 return lane
             try:

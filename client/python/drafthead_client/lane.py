@@ -179,6 +179,8 @@ class Lane:
                         shm_key=lib.dh_lane_arena_key(self._h).decode(), byte_size=lib.dh_lane_arena_bytes(self._h))
         self._cuda_hidden: Any = None  # torch uint8 tensors on cuda_device, or None
         self._cuda_output: Any = None
+        #: whether this lane was opened with a CUDA device (its arenas asked for, given or not)
+        self.cuda_asked: bool = cuda_device is not None
         self.cuda_error: Optional[str] = "no CUDA device asked for"
         if cuda_device is not None:
             if pb.CUDA_IPC not in list(info.shared_memory):
