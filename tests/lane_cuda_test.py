@@ -119,6 +119,27 @@ class LaneCudaTest(unittest.TestCase):
         finally:
             head.close()
 
+    def test_host_calls_between_stream_ordered_ones(self):
+        # One lane, host rows and stream-ordered CUDA calls mixed: a stream-ordered call's slot is
+        # held until the library looks at its answer (its next call, or synchronize()), so host calls
+        # after it, more than the lane's depth of them, take that slot back instead of waiting for a
+        # call that does not come; and none overwrites an answer its stream has not copied out yet.
+        import numpy as np
+        depth = self.lane.lane()._depth
+        rng = np.random.default_rng(6)
+        for i in range(REPEAT):
+            x = torch.randn(1 + i % 7, self.K, device="cuda").to(torch.bfloat16)
+            got = self.lane.topk(x, 8, wait=False)
+            t0 = time.monotonic()
+            for _ in range(depth + 2):
+                xn = dc.float32_to_bf16(rng.standard_normal((3, self.K), dtype=np.float32))
+                np.testing.assert_array_equal(self.lane.argmax(xn)[0], self.grpc.argmax(xn)[0])
+            self.assertLess(time.monotonic() - t0, 10, "host calls waited for a held slot")
+            self.lane.synchronize()
+            want = self.grpc.topk(x, 8)
+            self.eq(got[0], want[0])
+            self.eq(got[1], want[1])
+
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
         self.addCleanup(self.restore_ways)

@@ -1,9 +1,13 @@
-// LaneRing's waiting (client/lane/lane_ring.h), in one process: a responder thread plays the
-// server, answering each published submission after a fixed delay.
+// LaneRing (client/lane/lane_ring.h) in one process: its waiting, a responder thread playing the
+// server, answering each published submission after a fixed delay; and its slots shared between
+// host calls and stream-ordered ones (a slot holder, the consumed word).
 #include <chrono>
 #include <climits>
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -109,6 +113,107 @@ TEST(LaneRingWait, TheAutomaticBudgetIsBounded) {
   EXPECT_EQ(Calls(kSpinAuto, std::chrono::microseconds(0), 0, 0).budget_after, 200'000);
   EXPECT_EQ(Calls(kSpinAuto, std::chrono::microseconds(0), 20, 0).budget_after, 50'000);
   EXPECT_EQ(Calls(kSpinAuto, std::chrono::microseconds(3000), 12, 0).budget_after, 2'000'000);
+}
+
+// A ring of `depth` slots with tiny areas (no server: the tests answer submissions themselves).
+std::unique_ptr<LaneRing> SmallRing(uint32_t depth) {
+  LaneRingConfig c;
+  c.depth = depth;
+  c.inline_bytes = 64;
+  LaneError e;
+  auto ring = LaneRing::Create(c, &e);
+  EXPECT_NE(ring, nullptr) << e.message;
+  return ring;
+}
+
+// Reserves (host or not), publishes and answers one submission; returns its seq.
+uint64_t Answered(LaneRing& ring, bool host) {
+  uint64_t seq = 0;
+  const LaneError e = ring.Reserve(MonotonicNanos() + 1'000'000'000, &seq, host);
+  EXPECT_TRUE(e.ok()) << e.message;
+  LaneRequest d{};
+  d.hidden.region = d.output.region = kNoRegion;
+  ring.Publish(seq, d);
+  ring.completion(seq)->done_seq.store(seq + 1, std::memory_order_release);
+  return seq;
+}
+
+// A stream-ordered call's slot stays held until its holder looks at the answer, which it does on
+// its next call: a host caller in between must not wait for that call (it may never come). The
+// host Reserve asks the holder for the slot it needs, and only that one.
+TEST(LaneRingSlots, AHostReserveTakesItsSlotBackFromTheHolder) {
+  auto ring = SmallRing(4);
+  ASSERT_NE(ring, nullptr);
+  const uint64_t held = Answered(*ring, /*host=*/false);  // slot 0, held past its answer
+  std::vector<uint64_t> asked;
+  ring->SetSlotHolder([&](uint64_t seq, int64_t) {
+    asked.push_back(seq);
+    if (seq != held) return false;
+    ring->Release(seq);
+    return true;
+  });
+  for (int i = 0; i < 3; ++i) ring->Release(Answered(*ring, /*host=*/true));  // slots 1..3
+  EXPECT_TRUE(asked.empty()) << "the holder was asked for a free slot";
+  uint64_t seq = 0;
+  const LaneError e = ring->Reserve(MonotonicNanos() + 2'000'000'000, &seq);  // slot 0 again
+  ASSERT_TRUE(e.ok()) << e.message;
+  EXPECT_EQ(seq, 4u);
+  EXPECT_EQ(asked, std::vector<uint64_t>{held});
+  ring->Cancel(seq);
+}
+
+// A holder that keeps its slot (false) makes the host Reserve wait, to its deadline, and then fail
+// RESOURCE_EXHAUSTED; without a holder the same. A stream-ordered Reserve never asks.
+TEST(LaneRingSlots, AHeldSlotThatStaysHeldEndsAtTheDeadline) {
+  auto ring = SmallRing(2);
+  ASSERT_NE(ring, nullptr);
+  Answered(*ring, false);
+  Answered(*ring, false);
+  int asked = 0;
+  ring->SetSlotHolder([&](uint64_t, int64_t) { return ++asked, false; });
+  uint64_t seq = 0;
+  const int64_t t0 = MonotonicNanos();
+  LaneError e = ring->Reserve(t0 + 30'000'000, &seq);
+  EXPECT_EQ(e.code, 8) << e.message;  // RESOURCE_EXHAUSTED
+  EXPECT_GE(MonotonicNanos() - t0, 30'000'000);
+  EXPECT_GE(asked, 1);
+  const int asked_by_host = asked;
+  e = ring->Reserve(MonotonicNanos() + 5'000'000, &seq, /*host=*/false);
+  EXPECT_EQ(e.code, 8);
+  EXPECT_EQ(asked, asked_by_host) << "a stream-ordered Reserve asked the holder";
+}
+
+// A GPU stream copies a slot's answer out after the host has seen it: a host Reserve must not
+// hand that slot out (the server would overwrite the answer) until the stream marks it copied
+// (the consumed word); a stream-ordered Reserve takes it at once (its stream waits on the word).
+TEST(LaneRingSlots, AHostReserveWaitsForTheAnswerToBeCopiedOut) {
+  auto ring = SmallRing(2);
+  ASSERT_NE(ring, nullptr);
+  uint32_t word = 0;
+  const uint64_t first = Answered(*ring, false);  // slot 0
+  ring->ExpectConsumed(0, &word, static_cast<uint32_t>(first + 1));
+  ring->Release(first);
+  ring->Release(Answered(*ring, true));  // slot 1
+  std::atomic<bool> marked{false};
+  std::thread stream([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    marked.store(true);
+    __atomic_store_n(&word, static_cast<uint32_t>(first + 1), __ATOMIC_RELEASE);
+  });
+  uint64_t seq = 0;
+  const LaneError e = ring->Reserve(MonotonicNanos() + 2'000'000'000, &seq);
+  EXPECT_TRUE(e.ok()) << e.message;
+  EXPECT_TRUE(marked.load()) << "slot 0 was handed out before its answer was copied out";
+  stream.join();
+  ring->Cancel(seq);
+  ring->completion(seq)->done_seq.store(seq + 1, std::memory_order_release);  // the refusal, answered
+  // The host call cleared the expectation; a new one, unmet, does not hold back a stream-ordered
+  // Reserve (slot 1 next, then slot 0 again).
+  ring->Release(Answered(*ring, true));
+  ring->ExpectConsumed(0, &word, static_cast<uint32_t>(first + 100));
+  const LaneError s = ring->Reserve(MonotonicNanos() + 100'000'000, &seq, /*host=*/false);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(seq % 2, 0u);
 }
 
 }  // namespace

@@ -96,6 +96,10 @@ LaneError CudaFailed(const char* what, CUresult r) {
 }  // namespace
 
 LaneCuda::~LaneCuda() {
+  if (ring_ != nullptr) {  // the ring may outlive this: nothing of it stays there
+    ring_->SetSlotHolder(nullptr);
+    for (uint32_t slot = 0; slot < ring_->depth(); ++slot) ring_->ExpectConsumed(slot, nullptr, 0);
+  }
   stop_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
   if (registered_ != nullptr) Api().MemHostUnregister(registered_);
@@ -214,6 +218,7 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   slot_consumed_.assign(ring->depth(), 0);
   LoadCopyKernel();  // optional: without it, libcuda copies
   RegisterHostArena();  // optional: without it, no host IO
+  ring_->SetSlotHolder([this](uint64_t seq, int64_t deadline_ns) { return Reclaim(seq, deadline_ns); });
   // A stream waiting on an answer the server will never write would hang: once the server is
   // gone, answer what is outstanding here (UNAVAILABLE), which releases such streams.
   watchdog_ = std::thread([this] {
@@ -267,7 +272,7 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
   }
   if (LaneError e = TakeDeferred(); !e.ok()) return e;
   uint64_t n = 0;
-  if (LaneError e = ring_->Reserve(deadline_ns, &n); !e.ok()) return e;
+  if (LaneError e = ring_->Reserve(deadline_ns, &n, /*host=*/false); !e.ok()) return e;
   const CudaApi& api = Api();
   const uint32_t slot = static_cast<uint32_t>(n % ring_->depth());
   const CUdeviceptr consumed = consumed_device_ + slot * sizeof(uint32_t);
@@ -334,6 +339,7 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
     cr = LaunchCopy(a, stream);
     if (cr != 0) return CudaFailed("cuLaunchKernel (the answer out of the lane's arena and the consumed word)", cr);
     slot_consumed_[slot] = n + 1;
+    ring_->ExpectConsumed(slot, &consumed_[slot], static_cast<uint32_t>(n + 1));
   } else if (n_merged > 0) {
     for (uint32_t i = 0; i < n_merged; ++i) {
       cr = inline_answer ? api.MemcpyAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream)
@@ -343,6 +349,7 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
     cr = api.StreamWriteValue32(stream, consumed, static_cast<uint32_t>(n + 1), 0);
     if (cr != 0) return CudaFailed("cuStreamWriteValue32 (the answer's consumed word)", cr);
     slot_consumed_[slot] = n + 1;
+    ring_->ExpectConsumed(slot, &consumed_[slot], static_cast<uint32_t>(n + 1));
   }
   *seq = n;
   if (!wait) return {};
@@ -356,6 +363,15 @@ LaneError LaneCuda::Synchronize(int64_t deadline_ns) {
     if (LaneError e = Settle(pending_.back(), deadline_ns); !e.ok()) return e;
   }
   return TakeDeferred();
+}
+
+bool LaneCuda::Reclaim(uint64_t seq, int64_t deadline_ns) {
+  // try_lock: a stream-ordered call in progress settles the answers itself (and may hold the lock
+  // while it waits for a slot the asking host call holds).
+  std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
+  if (!l.owns_lock() || std::find(pending_.begin(), pending_.end(), seq) == pending_.end()) return false;
+  (void)Settle(seq, deadline_ns);  // a failed answer stays deferred for the stream-ordered caller
+  return true;
 }
 
 LaneError LaneCuda::Settle(uint64_t through, int64_t deadline_ns) {

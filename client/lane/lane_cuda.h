@@ -46,9 +46,10 @@ class LaneCuda {
   // and makes the stream wait for the answer, then copies `copies` (n of them, <= kMaxCopies;
   // adjacent ones as one copy; each inside the slot's output area, else INVALID_ARGUMENT before
   // anything is submitted) out of the slot; all on the stream, the host waits for no GPU work.
-  // Calls on several streams are safe with copies (a slot's next call waits for the previous
-  // one's copies); with none, the caller's own reads of the slot must come before the slot's next
-  // call in stream order (one stream).
+  // Calls on several streams, and host calls on the same lane, are safe with copies (a slot's next
+  // call waits for the previous one's copies: a stream on the GPU, a host call in
+  // LaneRing::Reserve, which also takes back a slot this holds); with none, the caller's own
+  // reads of the slot must come before the slot's next call in stream order (one stream).
   // wait: also wait on the host for this call (and every earlier one), returning its failure.
   // *seq: the submission (its answer lands in the slot's CUDA output area, ordered on the stream).
   LaneError Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
@@ -80,6 +81,9 @@ class LaneCuda {
   // Releases the answered calls, oldest first, keeping the first failure in deferred_; blocks for
   // each one up to `through` (UINT64_MAX: none). A wait that fails drops its call (abandoned).
   LaneError Settle(uint64_t through, int64_t deadline_ns);
+  // The ring's slot holder (LaneRing::SetSlotHolder): a host call needs the slot of stream-ordered
+  // call `seq`; settles through it unless a stream-ordered call holds mu_ (false).
+  bool Reclaim(uint64_t seq, int64_t deadline_ns);
   LaneError TakeDeferred();
   void LoadCopyKernel();
   void RegisterHostArena();  // host IO's registration (SetHostIo); sets host_io_error_ if it fails

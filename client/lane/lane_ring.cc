@@ -104,6 +104,7 @@ std::unique_ptr<LaneRing> LaneRing::Create(const LaneRingConfig& config, LaneErr
   h->client_pid = getpid();
   r->hdr_ = h;
   r->state_.assign(r->depth_, kFree);
+  r->consumed_.assign(r->depth_, {});
   r->slot_seq_.assign(r->depth_, 0);
   return r;
 }
@@ -148,16 +149,21 @@ LaneError LaneRing::CheckServer() const {
   return {};
 }
 
-LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq) {
+LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
     const uint64_t n = next_seq_;
     const uint32_t slot = static_cast<uint32_t>(n % depth_);
     if (state_[slot] == kAbandoned && Done(slot_seq_[slot])) state_[slot] = kFree;
-    if (state_[slot] == kFree) {
+    ConsumedWord& cw = consumed_[slot];
+    // Signed: the word counts seq + 1 of the slot's calls and may wrap.
+    const bool copied_out = !host || cw.word == nullptr ||
+                            static_cast<int32_t>(__atomic_load_n(cw.word, __ATOMIC_ACQUIRE) - cw.value) >= 0;
+    if (state_[slot] == kFree && copied_out) {
       state_[slot] = kBusy;
       busy_.fetch_add(1, std::memory_order_relaxed);
       slot_seq_[slot] = n;
+      if (host) cw = {};
       ++next_seq_;
       *seq = n;
       return {};
@@ -168,9 +174,31 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq) {
     if (left <= 0)
       return Err(kResourceExhausted, "all " + std::to_string(depth_) +
                                          " lane slots still hold answers not yet read (deadline passed)");
-    // An abandoned slot frees itself without a notify: look again at least every slice.
-    slot_freed_.wait_for(l, std::chrono::nanoseconds(std::min<int64_t>(left, 1'000'000)));
+    if (state_[slot] == kBusy && host && reclaim_) {
+      // Held by a stream-ordered call whose answer its holder has not looked at yet: ask for it
+      // back now (its next call, which would, may never come).
+      const auto reclaim = reclaim_;
+      const uint64_t held = slot_seq_[slot];
+      l.unlock();
+      const bool released = reclaim(held, deadline_ns);
+      l.lock();
+      if (released) continue;
+    }
+    // An abandoned slot frees itself, and a GPU stream marks an answer copied out, without a
+    // notify: look again at least every slice (a short one for the copy-out, microseconds away).
+    const int64_t slice = state_[slot] == kFree ? 20'000 : 1'000'000;
+    slot_freed_.wait_for(l, std::chrono::nanoseconds(std::min<int64_t>(left, slice)));
   }
+}
+
+void LaneRing::ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value) {
+  std::lock_guard<std::mutex> l(mu_);
+  consumed_[slot % depth_] = {word, value};
+}
+
+void LaneRing::SetSlotHolder(std::function<bool(uint64_t, int64_t)> reclaim) {
+  std::lock_guard<std::mutex> l(mu_);
+  reclaim_ = std::move(reclaim);
 }
 
 void LaneRing::Publish(uint64_t seq, const LaneRequest& d) {

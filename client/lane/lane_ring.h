@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -80,7 +81,21 @@ class LaneRing {
 
   // Reserves the next slot (waiting up to deadline_ns, CLOCK_MONOTONIC, for one): *seq is the
   // submission number, slot = *seq % depth. Fill the slot's arena areas, then Publish.
-  LaneError Reserve(int64_t deadline_ns, uint64_t* seq);
+  // host (a call whose answer the host reads: every caller but a stream-ordered one, which passes
+  // false and orders both on its GPU stream): the slot is handed out only once a GPU stream has
+  // copied the slot's last answer out (ExpectConsumed), and a slot the slot holder still holds is
+  // asked back from it (SetSlotHolder) instead of waiting for its next call.
+  LaneError Reserve(int64_t deadline_ns, uint64_t* seq, bool host = true);
+  // A slot's answer that a GPU stream will copy out and then mark, writing `value` into the word
+  // at `word` (host memory, written by the device; it lives as long as the ring): a host Reserve
+  // does not hand the slot out before that (the server would overwrite the answer). Thread-safe.
+  void ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value);
+  // The part of the library that holds slots past their answers until it looks at them (the
+  // stream-ordered calls, LaneCuda): a host Reserve whose next slot it holds calls
+  // reclaim(seq, deadline_ns) without the ring's lock; it releases seq (waiting for its answer up
+  // to the deadline) and returns true, or returns false (not its slot, or busy: the ring looks
+  // again within 1 ms). nullptr: none. Set while no Reserve runs (attach, destroy).
+  void SetSlotHolder(std::function<bool(uint64_t seq, int64_t deadline_ns)> reclaim);
   // Publishes descriptor `d` (d.seq is set here) for a reserved seq and rings the doorbell.
   void Publish(uint64_t seq, const LaneRequest& d);
 
@@ -158,6 +173,12 @@ class LaneRing {
   std::atomic<uint64_t> spin_waits_{0}, sleep_waits_{0};
   std::atomic<int64_t> recent_wait_ns_{0};  // kSpinAuto's average (0: none yet)
   std::atomic<uint32_t> busy_{0};  // reserved slots not yet released or abandoned
+  struct ConsumedWord {
+    const uint32_t* word = nullptr;  // nullptr: nothing to wait for
+    uint32_t value = 0;
+  };
+  std::vector<ConsumedWord> consumed_;  // each slot's (ExpectConsumed; guarded by mu_)
+  std::function<bool(uint64_t, int64_t)> reclaim_;  // SetSlotHolder's
 };
 
 }  // namespace drafthead::lane
