@@ -457,6 +457,12 @@ class _HeadBase:
             n = req.rows * k
             if len(resp.token_ids) != n or len(resp.values) != n or (want_probs and len(resp.probs) != n):
                 raise DraftHeadError("INTERNAL", "malformed response: token_ids/values/probs sizes")
+            if isinstance(resp, LaneAnswer):  # numpy arrays of its own already (Lane.compute)
+                ids.append(resp.token_ids)
+                values.append(resp.values)
+                if want_probs:
+                    prob.append(resp.probs)
+                continue
             # fromiter with the count: 2-3x faster than asarray on a protobuf repeated field
             ids.append(np.fromiter(resp.token_ids, dtype=np.int32, count=n))
             values.append(np.fromiter(resp.values, dtype=np.float32, count=n))

@@ -10,6 +10,7 @@ one build serves every CPython 3. ctypes releases the GIL while a call waits for
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import struct
 import threading
@@ -121,6 +122,7 @@ def local_host_id() -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=512)  # a caller repeats its few shapes: a lookup, not a pack, a call
 def _pack(request_id: int, rows: int, hidden_dtype: int, mode: int, logits_dtype: int, head: int, top_k: int,
           return_probs: bool, temperature: float, seed: int, hidden: "tuple[int, int, int]",
           output: "tuple[int, int, int]", fence: bool = False, ids64: bool = False) -> bytes:
