@@ -104,7 +104,7 @@ std::unique_ptr<LaneRing> LaneRing::Create(const LaneRingConfig& config, LaneErr
   h->client_pid = getpid();
   r->hdr_ = h;
   r->state_.assign(r->depth_, kFree);
-  r->consumed_.assign(r->depth_, {});
+  r->copied_out_.assign(r->depth_, {});
   r->slot_seq_.assign(r->depth_, 0);
   return r;
 }
@@ -155,7 +155,7 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
     const uint64_t n = next_seq_;
     const uint32_t slot = static_cast<uint32_t>(n % depth_);
     if (state_[slot] == kAbandoned && Done(slot_seq_[slot])) state_[slot] = kFree;
-    ConsumedWord& cw = consumed_[slot];
+    ConsumedWord& cw = copied_out_[slot];
     // Signed: the word counts seq + 1 of the slot's calls and may wrap.
     const bool copied_out = !host || cw.word == nullptr ||
                             static_cast<int32_t>(__atomic_load_n(cw.word, __ATOMIC_ACQUIRE) - cw.value) >= 0;
@@ -193,7 +193,7 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
 
 void LaneRing::ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value) {
   std::lock_guard<std::mutex> l(mu_);
-  consumed_[slot % depth_] = {word, value};
+  copied_out_[slot % depth_] = {word, value};
 }
 
 void LaneRing::SetSlotHolder(std::function<bool(uint64_t, int64_t)> reclaim) {

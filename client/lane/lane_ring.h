@@ -177,7 +177,7 @@ class LaneRing {
     const uint32_t* word = nullptr;  // nullptr: nothing to wait for
     uint32_t value = 0;
   };
-  std::vector<ConsumedWord> consumed_;  // each slot's (ExpectConsumed; guarded by mu_)
+  std::vector<ConsumedWord> copied_out_;  // each slot's (ExpectConsumed; guarded by mu_)
   std::function<bool(uint64_t, int64_t)> reclaim_;  // SetSlotHolder's
 };
 
