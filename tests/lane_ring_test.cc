@@ -163,7 +163,7 @@ TEST(LaneRingSlots, AHostReserveTakesItsSlotBackFromTheHolder) {
 }
 
 // A holder that keeps its slot (false) makes the host Reserve wait, to its deadline, and then fail
-// RESOURCE_EXHAUSTED; without a holder the same. A stream-ordered Reserve never asks.
+// RESOURCE_EXHAUSTED. A stream-ordered Reserve never asks.
 TEST(LaneRingSlots, AHeldSlotThatStaysHeldEndsAtTheDeadline) {
   auto ring = SmallRing(2);
   ASSERT_NE(ring, nullptr);
