@@ -342,10 +342,17 @@ TEST(StreamBudgetRealSizes, DeafStreamsDelayNoOtherCallerAndStayWithinTheBound) 
   // The backlog builds: each deaf stream's first request and more, up to the budgets. The polite
   // caller comes once every deaf stream has had its first answer (the issue's: 5 s later), while
   // their further requests still wait.
+  // The wait is bounded by the turns measured above (kDeaf of them, 3x over), not a fixed time:
+  // under the sanitizers a turn took 1.6 s, and a fixed 30 s let the polite caller in while six
+  // deaf streams still had their first turn to come (newcomers too: ahead of it, 10 batches).
   if (issue) std::this_thread::sleep_for(std::chrono::seconds(5));
-  for (auto until = Clock::now() + std::chrono::seconds(30);
+  const auto first_turns = std::chrono::seconds(30) + std::chrono::milliseconds(static_cast<int64_t>(3 * kDeaf * turn));
+  for (auto until = Clock::now() + first_turns;
        Clock::now() < until && FullLogitsAnswered(metrics_port) - answered_before < kDeaf;)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // EXPECT: the deaf streams' writers must still be cancelled and joined below.
+  EXPECT_GE(FullLogitsAnswered(metrics_port) - answered_before, kDeaf)
+      << "the deaf streams' first answers did not all come within " << kDeaf << " turns, 3x over";
   const int queued = QueuedRequests(metrics_port);
   EXPECT_GE(queued, 8) << "no backlog left to queue behind";
   auto stub = v1::DraftHead::NewStub(Channel(target));
