@@ -251,7 +251,7 @@ class ClientLaneTest(RealServerTestCase):
         with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
             ln = head.lane()
             lib, h = ln._lib, ln._h
-            self.assertEqual(lib.dh_lane_abi_version(), 5)
+            self.assertEqual(lib.dh_lane_abi_version(), 6)
             msg = ctypes.create_string_buffer(512)
             depth = lib.dh_lane_depth(h)
             seqs = []
@@ -286,6 +286,10 @@ class ClientLaneTest(RealServerTestCase):
             self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, None, 5, msg, len(msg)), -3)
             self.assertIn(b"copies", msg.value)
             self.assertEqual(lib.dh_lane_call_stream(h, desc(), 0, 0, None, 1, 10**9, None, 0, msg, len(msg)), -9)
+            self.assertIn(b"dh_lane_cuda_attach", msg.value)
+            self.assertEqual(lib.dh_lane_submit_stream(h, desc(), 0, 0, None, 1, 10**9, msg, len(msg)), -9)
+            self.assertIn(b"dh_lane_cuda_attach", msg.value)
+            self.assertEqual(lib.dh_lane_finish_stream(h, 0, None, 0, 1, 10**9, msg, len(msg)), 9)
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(lib.dh_lane_stream_synchronize(h, 0, msg, len(msg)), 0)
             self.assertEqual(lib.dh_lane_cuda_copy_kernel(h, -1, msg, len(msg)), 0)  # not attached: off, and why

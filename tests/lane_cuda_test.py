@@ -140,6 +140,68 @@ class LaneCudaTest(unittest.TestCase):
             self.eq(got[0], want[0])
             self.eq(got[1], want[1])
 
+    def test_a_submitted_call_keeps_its_slot_until_it_finishes(self):
+        # A call published before its answer's tensors exist (submit, allocate, finish): another
+        # thread's calls, more than the lane's depth of them on another stream, wait for its finish
+        # instead of taking its slot, and both threads' answers are their own.
+        import threading
+        ln, pb = self.lane.lane(), dc.pb
+        depth = ln._depth
+        for i in range(max(1, REPEAT // 5)):
+            x = torch.randn(4, self.K, device="cuda").to(torch.bfloat16)
+            xs = [torch.randn(1 + j % 5, self.K, device="cuda").to(torch.bfloat16) for j in range(depth + 2)]
+            wants = [self.grpc.topk(v, 3) for v in [x] + xs]
+            torch.cuda.synchronize()
+            got, failed = [], []
+
+            def other():
+                try:
+                    with torch.cuda.stream(torch.cuda.Stream()):
+                        got.extend(self.lane.topk(v, 3) for v in xs)
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    failed.append(e)
+
+            seq = ln.submit_cuda(mode=pb.TOP_K, x=x, top_k=3, timeout=30)
+            t = threading.Thread(target=other)
+            t.start()
+            time.sleep(0.05)  # the other thread comes round to this call's slot meanwhile
+            ids = torch.empty(4, 3, dtype=torch.int64, device="cuda")
+            values = torch.empty(4, 3, device="cuda")
+            ln.finish_cuda(seq, mode=pb.TOP_K, rows=4, top_k=3, out_ptrs=(ids.data_ptr(), values.data_ptr()),
+                           timeout=30)
+            t.join(60)
+            self.assertFalse(t.is_alive(), "the other thread's calls hang")
+            self.assertEqual(failed, [])
+            self.eq(ids, wants[0].ids)
+            self.eq(values, wants[0].values)
+            for g, w in zip(got, wants[1:]):
+                self.eq(g.ids, w.ids)
+                self.eq(g.values, w.values)
+
+    def test_a_finish_that_copies_nothing_or_too_much_still_finishes(self):
+        # A caller that gave up between submit and finish (finish with no pieces), and a finish
+        # whose pieces lie outside the answer (INVALID_ARGUMENT: nothing copied), both end the call:
+        # the lane goes on, and a seq finished twice or never submitted is refused.
+        ln, pb = self.lane.lane(), dc.pb
+        x = torch.randn(2, self.K, device="cuda").to(torch.bfloat16)
+        want = self.grpc.argmax(x)
+        for i in range(max(1, REPEAT // 5)):
+            seq = ln.submit_cuda(mode=pb.ARGMAX, x=x, timeout=30)
+            ln.finish_cuda(seq, mode=pb.ARGMAX, rows=2, wait=i % 2 == 0, timeout=30)
+            seq = ln.submit_cuda(mode=pb.ARGMAX, x=x, timeout=30)
+            ids = torch.empty(10**6, dtype=torch.int64, device="cuda")
+            with self.assertRaises(dc.DraftHeadError) as e:
+                ln.finish_cuda(seq, mode=pb.ARGMAX, rows=10**6, out_ptrs=(ids.data_ptr(), ids.data_ptr()), timeout=30)
+            self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+            self.assertIn("outside", str(e.exception))
+            for bad in (seq, seq + 1000):
+                with self.assertRaises(dc.DraftHeadError) as e:
+                    ln.finish_cuda(bad, mode=pb.ARGMAX, rows=2, timeout=30)
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+            self.lane.synchronize()
+            got = self.lane.argmax(x)
+            self.eq(got.ids, want.ids)
+
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
         self.addCleanup(self.restore_ways)

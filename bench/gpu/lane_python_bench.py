@@ -379,14 +379,22 @@ def breakdown(target, seconds, rounds):
     k = 8 on one lane, alternating rounds (median of the rounds' p50s): numpy rows and answers (a host
     caller: beside the C++ client's p50, what Python adds), torch CUDA rows and answers (host IO, the
     default) synchronised after each call, the same stream-ordered (wait=False) then synchronised,
-    and torch.cuda.synchronize() alone."""
+    the same into the caller's out= tensors (allocated once, or just before each call), and
+    torch.cuda.synchronize() alone."""
     head = RemoteDraftHead(target, lane="required", timeout=30)
     K, dev = head.info()["hidden_size"], torch.device("cuda")
     xn = float32_to_bf16(np.random.default_rng(5).standard_normal((5, K), dtype=np.float32))
     xt = torch.randn(5, K, device=dev).to(torch.bfloat16)
+    outs = (torch.empty(5, 8, dtype=torch.int64, device=dev), torch.empty(5, 8, device=dev))
     ways = {"numpy rows and answers": (lambda: head.topk(xn, 8), False),
             "torch CUDA, synchronised": (lambda: head.topk(xt, 8), True),
             "torch CUDA, wait=False, synchronised": (lambda: head.topk(xt, 8, wait=False), True),
+            # Session 24's split (submit, allocate, finish) against its two bounds: no allocation at
+            # all, and the allocation before the call (the path before the split, plus out='s checks).
+            "torch CUDA, out= (no allocation), synchronised": (lambda: head.topk(xt, 8, out=outs), True),
+            "torch CUDA, allocated just before, out=, synchronised": (
+                lambda: head.topk(xt, 8, out=(torch.empty(5, 8, dtype=torch.int64, device=dev),
+                                              torch.empty(5, 8, device=dev))), True),
             "torch.cuda.synchronize() alone": (lambda: None, True)}
     for fn, _ in ways.values():
         fn()  # opens the lane (host, then replaced by one with CUDA arenas) outside the timing

@@ -137,6 +137,29 @@ DH_EXPORT int64_t dh_lane_call_stream(dh_lane* l, const void* request, uint64_t 
   return static_cast<int64_t>(seq);
 }
 
+DH_EXPORT int64_t dh_lane_submit_stream(dh_lane* l, const void* request, uint64_t hidden, uint64_t hidden_bytes,
+                                        void* stream, int copies_follow, int64_t timeout_ns, char* msg,
+                                        size_t msg_len) {
+  if (l->cuda == nullptr) return -Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
+  drafthead::lane::LaneRequest d;
+  std::memcpy(&d, request, sizeof d);
+  uint64_t seq = 0;
+  if (LaneError e = l->cuda->Submit(d, hidden, hidden_bytes, stream, copies_follow != 0, Deadline(timeout_ns), &seq);
+      !e.ok())
+    return -Report(e, msg, msg_len);
+  return static_cast<int64_t>(seq);
+}
+
+DH_EXPORT int dh_lane_finish_stream(dh_lane* l, uint64_t seq, const uint64_t* copies, uint32_t n_copies, int wait,
+                                    int64_t timeout_ns, char* msg, size_t msg_len) {
+  using drafthead::lane::LaneCuda;
+  if (l->cuda == nullptr) return Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
+  LaneCuda::CopyOut out[LaneCuda::kMaxCopies + 1];  // one more: Finish names the excess and still finishes
+  const uint32_t n = n_copies > LaneCuda::kMaxCopies ? LaneCuda::kMaxCopies + 1 : (copies == nullptr ? 0 : n_copies);
+  for (uint32_t i = 0; i < n; ++i) out[i] = {copies[3 * i], copies[3 * i + 1], copies[3 * i + 2]};
+  return Report(l->cuda->Finish(seq, out, n, wait != 0, Deadline(timeout_ns)), msg, msg_len);
+}
+
 namespace {
 
 // A stream-ordered calls' switch (LaneCuda::SetCopyKernel, SetHostIo): 1 while on; msg: why it is

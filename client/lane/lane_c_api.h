@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#define DH_LANE_ABI_VERSION 5
+#define DH_LANE_ABI_VERSION 6
 
 typedef struct dh_lane dh_lane;
 
@@ -82,6 +82,18 @@ int64_t dh_lane_call_stream(dh_lane* lane, const void* request, uint64_t hidden,
                             int wait, int64_t timeout_ns, const uint64_t* copies, uint32_t n_copies, char* msg,
                             size_t msg_len);
 int dh_lane_stream_synchronize(dh_lane* lane, int64_t timeout_ns, char* msg, size_t msg_len);
+/* The same call in two steps (LaneCuda::Submit / Finish), so that the caller's work between them
+ * (allocating the tensors the answer goes into) runs while the server computes:
+ * dh_lane_submit_stream copies the rows, fences and publishes (copies_follow: whether the finish
+ * will copy pieces out) and returns seq or minus a code; dh_lane_finish_stream(seq) makes the
+ * stream wait for the answer and copies the pieces out, returning a code. Every submitted seq must
+ * be finished once (with no pieces when the caller gave up in between), from the same thread and
+ * before its next call on this lane; a finish whose pieces are bad (INVALID_ARGUMENT) still
+ * finishes the call, copying nothing. */
+int64_t dh_lane_submit_stream(dh_lane* lane, const void* request, uint64_t hidden, uint64_t hidden_bytes,
+                              void* stream, int copies_follow, int64_t timeout_ns, char* msg, size_t msg_len);
+int dh_lane_finish_stream(dh_lane* lane, uint64_t seq, const uint64_t* copies, uint32_t n_copies, int wait,
+                          int64_t timeout_ns, char* msg, size_t msg_len);
 /* The copy kernel of stream-ordered calls (lane_cuda.h SetCopyKernel: a call's rows and fence in
  * one launch, its answer and consumed word in another, instead of two libcuda calls each; loaded
  * at dh_lane_cuda_attach, and on from then): use > 0 turns it on where it loaded, 0 off, < 0

@@ -18,6 +18,7 @@
 #include "client/lane/lane_cuda.h"
 
 #include "client/lane/lane_copy.h"
+#include "common/lane/doorbell.h"
 
 #ifdef DRAFTHEAD_LANE_COPY_PTX
 extern const char dh_lane_copy_ptx[];  // lane_copy.cu as PTX (client/CMakeLists.txt)
@@ -214,8 +215,7 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   r = api.MemHostGetDevicePointer(&d, consumed_, 0);
   if (r != 0) return CudaFailed("cuMemHostGetDevicePointer (the consumed words)", r);
   consumed_device_ = d;
-  slot_stream_.assign(ring->depth(), nullptr);
-  slot_consumed_.assign(ring->depth(), 0);
+  slots_.assign(ring->depth(), SlotCall{});
   LoadCopyKernel();  // optional: without it, libcuda copies
   RegisterHostArena();  // optional: without it, no host IO
   ring_->SetSlotHolder([this](uint64_t seq, int64_t deadline_ns) { return Reclaim(seq, deadline_ns); });
@@ -233,64 +233,116 @@ LaneError LaneCuda::Attach(LaneRing* ring, uint64_t hidden_arena, uint64_t outpu
   return {};
 }
 
-LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
-                         int64_t deadline_ns, const CopyOut* copies, uint32_t n_copies, uint64_t* seq) {
-  std::lock_guard<std::mutex> l(mu_);
-  LaneRequest r = d;
-  r.flags |= kFlagHiddenFence;
+LaneCuda::Plan LaneCuda::MakePlan(const LaneRequest& d, uint64_t hidden_bytes, bool copies_follow) const {
+  Plan p;
+  p.r = d;
+  p.r.flags |= kFlagHiddenFence;
   // The slot's area of the host arena (region 0) with host IO, else of the CUDA hidden arena (1).
-  const bool host_rows = use_host_io_;
-  r.hidden = LaneSlice{host_rows ? 0u : 1u, 0, 0, hidden_bytes};
+  p.host_rows = use_host_io_;
+  p.r.hidden = LaneSlice{p.host_rows ? 0u : 1u, 0, 0, hidden_bytes};
   // A token answer the library copies out comes inline with host IO, where it fits.
-  const bool inline_answer = use_host_io_ && n_copies > 0 && r.mode != kModeFullLogits &&
-                             r.output.region != kNoRegion && r.output.offset == 0 &&
-                             r.output.byte_size <= ring_->inline_bytes();
-  if (inline_answer) r.output = LaneSlice{kNoRegion, 0, 0, 0};
-  if (LaneError e = ring_->CheckSlotSlices(r); !e.ok()) return e;
-  // The pieces to copy out, adjacent ones merged (a caller's tensors cut from one buffer: one copy).
-  if (n_copies > kMaxCopies) return LaneError{3, "copies: at most " + std::to_string(kMaxCopies) + " pieces"};
-  CopyOut merged[kMaxCopies];
-  uint32_t n_merged = 0;
-  const uint64_t area = inline_answer ? d.output.byte_size : ring_->config().output_slot_bytes;
-  for (uint32_t i = 0; i < n_copies; ++i) {
+  p.inline_answer = use_host_io_ && copies_follow && d.mode != kModeFullLogits && d.output.region != kNoRegion &&
+                    d.output.offset == 0 && d.output.byte_size <= ring_->inline_bytes();
+  if (p.inline_answer) p.r.output = LaneSlice{kNoRegion, 0, 0, 0};
+  p.area = p.inline_answer ? d.output.byte_size : ring_->config().output_slot_bytes;
+  return p;
+}
+
+LaneError LaneCuda::MergeCopies(const Plan& p, const CopyOut* copies, uint32_t n, CopyOut* merged,
+                                uint32_t* n_merged) {
+  // Adjacent pieces merged: a caller's tensors cut from one buffer are one copy.
+  if (n > kMaxCopies) return LaneError{3, "copies: at most " + std::to_string(kMaxCopies) + " pieces"};
+  *n_merged = 0;
+  for (uint32_t i = 0; i < n; ++i) {
     const CopyOut& c = copies[i];
-    if (c.offset > area || c.bytes > area - c.offset)
+    if (c.offset > p.area || c.bytes > p.area - c.offset)
       return LaneError{3, "copies: piece " + std::to_string(i) + " (" + std::to_string(c.bytes) + " bytes at " +
                               std::to_string(c.offset) + ") is outside the slot's " +
-                              (inline_answer ? "answer of " : "output area of ") + std::to_string(area) + " bytes"};
+                              (p.inline_answer ? "answer of " : "output area of ") + std::to_string(p.area) + " bytes"};
     if (c.bytes == 0) continue;
-    CopyOut* last = n_merged > 0 ? &merged[n_merged - 1] : nullptr;
+    CopyOut* last = *n_merged > 0 ? &merged[*n_merged - 1] : nullptr;
     if (last != nullptr && last->dst + last->bytes == c.dst && last->offset + last->bytes == c.offset) {
       last->bytes += c.bytes;
     } else {
-      merged[n_merged++] = c;
+      merged[(*n_merged)++] = c;
     }
   }
-  if (LaneError e = Settle(UINT64_MAX, deadline_ns); !e.ok()) return e;
-  if (pending_.size() >= ring_->depth()) {
-    if (LaneError e = Settle(pending_.front(), deadline_ns); !e.ok()) return e;
-  }
+  return {};
+}
+
+LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
+                         int64_t deadline_ns, const CopyOut* copies, uint32_t n_copies, uint64_t* seq) {
+  std::unique_lock<std::mutex> l(mu_);
+  const Plan p = MakePlan(d, hidden_bytes, n_copies > 0);
+  if (LaneError e = ring_->CheckSlotSlices(p.r); !e.ok()) return e;
+  CopyOut merged[kMaxCopies];
+  uint32_t n_merged = 0;
+  if (LaneError e = MergeCopies(p, copies, n_copies, merged, &n_merged); !e.ok()) return e;  // nothing submitted
+  if (LaneError e = SubmitLocked(l, p, hidden, hidden_bytes, stream, deadline_ns, seq); !e.ok()) return e;
+  return FinishLocked(l, *seq, merged, n_merged, wait, deadline_ns);
+}
+
+LaneError LaneCuda::Submit(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream,
+                           bool copies_follow, int64_t deadline_ns, uint64_t* seq) {
+  std::unique_lock<std::mutex> l(mu_);
+  const Plan p = MakePlan(d, hidden_bytes, copies_follow);
+  if (LaneError e = ring_->CheckSlotSlices(p.r); !e.ok()) return e;
+  return SubmitLocked(l, p, hidden, hidden_bytes, stream, deadline_ns, seq);
+}
+
+LaneError LaneCuda::Finish(uint64_t seq, const CopyOut* copies, uint32_t n_copies, bool wait, int64_t deadline_ns) {
+  std::unique_lock<std::mutex> l(mu_);
+  SlotCall& s = slots_[seq % slots_.size()];
+  if (s.open != seq + 1)
+    return LaneError{3, "seq " + std::to_string(seq) + " is not a submitted stream-ordered call awaiting its finish"};
+  CopyOut merged[kMaxCopies];
+  uint32_t n_merged = 0;
+  LaneError bad = MergeCopies(s.plan, copies, n_copies, merged, &n_merged);
+  if (!bad.ok()) n_merged = 0;  // still finished (the stream waits for the answer), but nothing copied
+  if (LaneError e = FinishLocked(l, seq, merged, n_merged, wait && bad.ok(), deadline_ns); !e.ok()) return e;
+  return bad;
+}
+
+LaneError LaneCuda::SubmitLocked(std::unique_lock<std::mutex>& l, const Plan& p, uint64_t hidden,
+                                 uint64_t hidden_bytes, void* stream, int64_t deadline_ns, uint64_t* seq) {
+  if (LaneError e = Settle(l, UINT64_MAX, deadline_ns); !e.ok()) return e;
   if (LaneError e = TakeDeferred(); !e.ok()) return e;
   uint64_t n = 0;
-  if (LaneError e = ring_->Reserve(deadline_ns, &n, /*host=*/false); !e.ok()) return e;
+  // The next slot may be held by a call of this lane's: its release needs mu_, which this thread
+  // holds, so settle that call (or wait for its Finish) here rather than wait in Reserve.
+  for (;;) {
+    const uint64_t next = ring_->NextSeq();
+    const auto held = std::find_if(pending_.begin(), pending_.end(),
+                                   [&](uint64_t p) { return p % ring_->depth() == next % ring_->depth(); });
+    if (held == pending_.end()) {
+      // Free, or a host call's (or an abandoned slot, answered soon): the ring waits; bounded
+      // slices, as another thread's host call may take `next` and leave the one after it to us.
+      const int64_t slice = std::min(deadline_ns, MonotonicNanos() + 1'000'000);
+      LaneError e = ring_->Reserve(slice, &n, /*host=*/false);
+      if (e.ok()) break;
+      if (e.code != 8 || slice == deadline_ns) return e;  // 8: RESOURCE_EXHAUSTED (the slice ran out)
+      continue;
+    }
+    if (LaneError e = Settle(l, *held, deadline_ns); !e.ok()) return e;  // waits for a Finish too
+    if (LaneError e = TakeDeferred(); !e.ok()) return e;  // an earlier call's failure: before submitting
+  }
   const CudaApi& api = Api();
   const uint32_t slot = static_cast<uint32_t>(n % ring_->depth());
-  const CUdeviceptr consumed = consumed_device_ + slot * sizeof(uint32_t);
+  SlotCall& s = slots_[slot];
   CUresult cr = 0;
   // The slot's previous answer may still be waiting for its copy-out on another stream: the server
   // must not overwrite it (it writes this call's answer once it sees this call's fence), so this
   // stream waits for that copy-out's consumed word first. On the same stream, stream order does.
-  const uint64_t prev = slot_consumed_[slot];  // seq + 1 of the slot's previous call with copies; 0: none
-  const uint32_t word = static_cast<uint32_t>(prev);
-  if (prev != 0 && slot_stream_[slot] != stream && __atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) != word) {
-    cr = api.StreamWaitValue32(stream, consumed, word, kWaitValueGeq);
+  const uint32_t word = static_cast<uint32_t>(s.consumed);  // seq + 1 of the slot's previous call with copies
+  if (s.consumed != 0 && s.stream != stream && __atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) != word) {
+    cr = api.StreamWaitValue32(stream, consumed_device_ + slot * sizeof(uint32_t), word, kWaitValueGeq);
     if (cr != 0) {
       ring_->Cancel(n);
       return CudaFailed("cuStreamWaitValue32 (the slot's previous copy-out)", cr);
     }
   }
-  const uint64_t hidden_dst = host_rows ? arena_device_ + ring_->hidden_area_offset(slot)
-                                       : hidden_arena_ + slot * ring_->config().hidden_slot_bytes;
+  const uint64_t hidden_dst = p.host_rows ? arena_device_ + ring_->hidden_area_offset(slot)
+                                          : hidden_arena_ + slot * ring_->config().hidden_slot_bytes;
   const uint64_t fence = device_base_ + ring_->fence_offset(n);
   if (CopyKernelUsable(hidden_bytes)) {
     // One launch: the rows, then the fence word after them.
@@ -303,8 +355,8 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       return CudaFailed("cuLaunchKernel (the rows into the lane's arena and the fence)", cr);
     }
   } else {
-    cr = host_rows ? api.MemcpyAsync(hidden_dst, hidden, hidden_bytes, stream)
-                   : api.MemcpyDtoDAsync(hidden_dst, hidden, hidden_bytes, stream);
+    cr = p.host_rows ? api.MemcpyAsync(hidden_dst, hidden, hidden_bytes, stream)
+                     : api.MemcpyDtoDAsync(hidden_dst, hidden, hidden_bytes, stream);
     if (cr != 0) {
       ring_->Cancel(n);
       return CudaFailed("cuMemcpyAsync (the rows into the lane's arena)", cr);
@@ -316,51 +368,66 @@ LaneError LaneCuda::Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_
       return CudaFailed("cuStreamWriteValue32 (the fence)", cr);
     }
   }
-  ring_->PublishInSlot(n, r);
+  ring_->PublishInSlot(n, p.r);
   pending_.push_back(n);  // published: its answer is released by a later Settle, whatever happens now
-  cr = api.StreamWaitValue32(stream, device_base_ + ring_->done_offset(n), static_cast<uint32_t>(n + 1),
-                             kWaitValueEq);
+  s.stream = stream;
+  s.consumed = 0;  // unknown until Finish enqueues the copies (none: the caller's own)
+  s.open = n + 1;  // no Settle releases the slot before its Finish
+  s.plan = p;
+  *seq = n;
+  return {};
+}
+
+LaneError LaneCuda::FinishLocked(std::unique_lock<std::mutex>& l, uint64_t n, const CopyOut* merged,
+                                 uint32_t n_merged, bool wait, int64_t deadline_ns) {
+  const CudaApi& api = Api();
+  const uint32_t slot = static_cast<uint32_t>(n % ring_->depth());
+  SlotCall& s = slots_[slot];
+  const Plan& p = s.plan;
+  void* stream = s.stream;
+  s.open = 0;  // the lock is held until the copies are enqueued: no Settle comes between
+  finished_.notify_all();
+  CUresult cr = api.StreamWaitValue32(stream, device_base_ + ring_->done_offset(n), static_cast<uint32_t>(n + 1),
+                                      kWaitValueEq);
   if (cr != 0) return CudaFailed("cuStreamWaitValue32 (the answer)", cr);
-  slot_stream_[slot] = stream;
-  slot_consumed_[slot] = 0;  // unknown until the copies below are enqueued (none: the caller's own)
   uint64_t out_bytes = 0;
   for (uint32_t i = 0; i < n_merged; ++i) out_bytes += merged[i].bytes;
   static_assert(kMaxCopies <= kLaneCopyPieces, "the copy kernel takes every merged piece");
   // The answer: inline in the slot's completion (host memory, mapped), or in its CUDA output area.
-  const uint64_t answer = inline_answer ? device_base_ + ring_->done_offset(n) + kCompletionHeaderBytes
-                                        : output_arena_ + slot * ring_->config().output_slot_bytes;
+  const uint64_t answer = p.inline_answer ? device_base_ + ring_->done_offset(n) + kCompletionHeaderBytes
+                                          : output_arena_ + slot * ring_->config().output_slot_bytes;
+  const CUdeviceptr consumed = consumed_device_ + slot * sizeof(uint32_t);
   if (n_merged > 0 && CopyKernelUsable(out_bytes)) {
     // One launch: the pieces, then the consumed word after them.
     LaneCopyArgs a{};
     for (uint32_t i = 0; i < n_merged; ++i)
       a.src[i] = answer + merged[i].offset, a.dst[i] = merged[i].dst, a.bytes[i] = merged[i].bytes;
     a.n = n_merged, a.word = consumed, a.value = static_cast<uint32_t>(n + 1);
-    a.fresh = inline_answer ? 1 : 0;  // the server wrote it from the host after this slot's last call
+    a.fresh = p.inline_answer ? 1 : 0;  // the server wrote it from the host after this slot's last call
     cr = LaunchCopy(a, stream);
     if (cr != 0) return CudaFailed("cuLaunchKernel (the answer out of the lane's arena and the consumed word)", cr);
-    slot_consumed_[slot] = n + 1;
+    s.consumed = n + 1;
     ring_->ExpectConsumed(slot, &consumed_[slot], static_cast<uint32_t>(n + 1));
   } else if (n_merged > 0) {
     for (uint32_t i = 0; i < n_merged; ++i) {
-      cr = inline_answer ? api.MemcpyAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream)
-                         : api.MemcpyDtoDAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream);
+      cr = p.inline_answer ? api.MemcpyAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream)
+                           : api.MemcpyDtoDAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream);
       if (cr != 0) return CudaFailed("cuMemcpyAsync (the answer out of the lane)", cr);
     }
     cr = api.StreamWriteValue32(stream, consumed, static_cast<uint32_t>(n + 1), 0);
     if (cr != 0) return CudaFailed("cuStreamWriteValue32 (the answer's consumed word)", cr);
-    slot_consumed_[slot] = n + 1;
+    s.consumed = n + 1;
     ring_->ExpectConsumed(slot, &consumed_[slot], static_cast<uint32_t>(n + 1));
   }
-  *seq = n;
   if (!wait) return {};
-  if (LaneError e = Settle(n, deadline_ns); !e.ok()) return e;
+  if (LaneError e = Settle(l, n, deadline_ns); !e.ok()) return e;
   return TakeDeferred();
 }
 
 LaneError LaneCuda::Synchronize(int64_t deadline_ns) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   if (!pending_.empty()) {
-    if (LaneError e = Settle(pending_.back(), deadline_ns); !e.ok()) return e;
+    if (LaneError e = Settle(l, pending_.back(), deadline_ns); !e.ok()) return e;
   }
   return TakeDeferred();
 }
@@ -369,14 +436,25 @@ bool LaneCuda::Reclaim(uint64_t seq, int64_t deadline_ns) {
   // try_lock: a stream-ordered call in progress settles the answers itself (and may hold the lock
   // while it waits for a slot the asking host call holds).
   std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
-  if (!l.owns_lock() || std::find(pending_.begin(), pending_.end(), seq) == pending_.end()) return false;
-  (void)Settle(seq, deadline_ns);  // a failed answer stays deferred for the stream-ordered caller
+  if (!l.owns_lock() || slots_[seq % slots_.size()].open != 0 ||
+      std::find(pending_.begin(), pending_.end(), seq) == pending_.end())
+    return false;
+  (void)Settle(l, seq, deadline_ns);  // a failed answer stays deferred for the stream-ordered caller
   return true;
 }
 
-LaneError LaneCuda::Settle(uint64_t through, int64_t deadline_ns) {
+LaneError LaneCuda::Settle(std::unique_lock<std::mutex>& l, uint64_t through, int64_t deadline_ns) {
   while (!pending_.empty()) {
     const uint64_t n = pending_.front();
+    if (slots_[n % slots_.size()].open == n + 1) {  // submitted, not finished: its copies are to come
+      if (through == UINT64_MAX || n > through) return {};
+      const int64_t left = deadline_ns - MonotonicNanos();
+      if (left <= 0)
+        return LaneError{4, "deadline exceeded waiting for another thread's stream-ordered call to finish"};
+      // Bounded slices: a deadline of INT64_MAX (none) must not overflow the clock's arithmetic.
+      finished_.wait_for(l, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+      continue;  // pending_ may have changed meanwhile
+    }
     if (!ring_->Done(n)) {
       if (through == UINT64_MAX || n > through) return {};
       const LaneCompletion* c = nullptr;

@@ -2,10 +2,12 @@
 // object's registration with the device, the bookkeeping of stream-ordered submissions whose
 // answers the host has not yet seen, and a watchdog thread that answers outstanding requests
 // UNAVAILABLE once the server is gone (so no GPU stream waits forever).
-// Threads: Call / Synchronize are thread-safe (one mutex: a Call that waits on the host holds it).
+// Threads: Call / Submit / Finish / Synchronize are thread-safe (one mutex: a Call that waits on the
+// host holds it; between a Submit and its Finish nobody does).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -54,6 +56,18 @@ class LaneCuda {
   // *seq: the submission (its answer lands in the slot's CUDA output area, ordered on the stream).
   LaneError Call(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool wait,
                  int64_t deadline_ns, const CopyOut* copies, uint32_t n, uint64_t* seq);
+  // The same call in two steps, so that what the caller does between them (allocating the tensors
+  // the answer goes into) runs while the server computes: Submit is Call up to the publish (and
+  // the stream's rows and fence); Finish makes the stream wait for the answer and copies `copies`
+  // out, as Call does. copies_follow: whether Finish will copy pieces out (with host IO, a token
+  // answer then comes inline). Every Submit that returns OK must be followed by one Finish of its
+  // seq (with no copies when the caller gave up in between), from the same thread and before that
+  // thread's next call on this lane: until then the slot stays with the call, and another thread's
+  // call that needs it waits for the Finish (up to its deadline). Finish's INVALID_ARGUMENT (a
+  // piece outside the answer) still finishes the call: its answer is then nobody's.
+  LaneError Submit(const LaneRequest& d, uint64_t hidden, uint64_t hidden_bytes, void* stream, bool copies_follow,
+                   int64_t deadline_ns, uint64_t* seq);
+  LaneError Finish(uint64_t seq, const CopyOut* copies, uint32_t n, bool wait, int64_t deadline_ns);
   // Waits on the host for every stream-ordered call's answer; the first failure among them.
   LaneError Synchronize(int64_t deadline_ns);
 
@@ -78,9 +92,25 @@ class LaneCuda {
   bool SetHostIo(int use, std::string* why);
 
  private:
+  // A call's descriptor as sent and where its answer is read from (decided before it reserves).
+  struct Plan {
+    LaneRequest r;
+    bool host_rows = false;      // its rows in the host arena (host IO), else the CUDA hidden arena
+    bool inline_answer = false;  // its answer inline in the completion (host IO), else the output arena
+    uint64_t area = 0;           // the bytes of answer its copies may read
+  };
+  Plan MakePlan(const LaneRequest& d, uint64_t hidden_bytes, bool copies_follow) const;  // needs mu_
+  // Checks `copies` against the plan's answer and merges adjacent ones (INVALID_ARGUMENT naming a
+  // piece outside it).
+  static LaneError MergeCopies(const Plan& p, const CopyOut* copies, uint32_t n, CopyOut* merged, uint32_t* n_merged);
+  LaneError SubmitLocked(std::unique_lock<std::mutex>& l, const Plan& p, uint64_t hidden, uint64_t hidden_bytes,
+                         void* stream, int64_t deadline_ns, uint64_t* seq);
+  LaneError FinishLocked(std::unique_lock<std::mutex>& l, uint64_t seq, const CopyOut* merged, uint32_t n_merged,
+                         bool wait, int64_t deadline_ns);
   // Releases the answered calls, oldest first, keeping the first failure in deferred_; blocks for
-  // each one up to `through` (UINT64_MAX: none). A wait that fails drops its call (abandoned).
-  LaneError Settle(uint64_t through, int64_t deadline_ns);
+  // each one up to `through` (UINT64_MAX: none), and for a submitted one's Finish (another
+  // thread's; l is released meanwhile). A wait that fails drops its call (abandoned).
+  LaneError Settle(std::unique_lock<std::mutex>& l, uint64_t through, int64_t deadline_ns);
   // The ring's slot holder (LaneRing::SetSlotHolder): a host call needs the slot of stream-ordered
   // call `seq`; settles through it unless a stream-ordered call holds mu_ (false).
   bool Reclaim(uint64_t seq, int64_t deadline_ns);
@@ -102,9 +132,15 @@ class LaneCuda {
   uint32_t* consumed_ = nullptr;
   bool consumed_registered_ = false;
   unsigned long long consumed_device_ = 0;
-  std::vector<void*> slot_stream_;       // the stream of each slot's last call (guarded by mu_)
-  std::vector<uint64_t> slot_consumed_;  // its seq + 1 if it writes the consumed word; 0: none (mu_)
+  struct SlotCall {          // each slot's last stream-ordered call (guarded by mu_)
+    void* stream = nullptr;  // its stream
+    uint64_t consumed = 0;   // its seq + 1 if it writes the consumed word; 0: none
+    uint64_t open = 0;       // its seq + 1 between Submit and Finish; 0: finished
+    Plan plan;               // while open: what Finish needs
+  };
+  std::vector<SlotCall> slots_;
   std::mutex mu_;
+  std::condition_variable finished_;  // an open call's Finish ran
   std::deque<uint64_t> pending_;  // submitted, answer not yet seen by the host (oldest first)
   LaneError deferred_;            // the first failure among them, returned by the next call
   void* context_ = nullptr;   // the CUcontext current at Attach (the module's)

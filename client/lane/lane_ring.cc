@@ -191,6 +191,11 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
   }
 }
 
+uint64_t LaneRing::NextSeq() {
+  std::lock_guard<std::mutex> l(mu_);
+  return next_seq_;
+}
+
 void LaneRing::ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value) {
   std::lock_guard<std::mutex> l(mu_);
   copied_out_[slot % depth_] = {word, value};

@@ -86,6 +86,8 @@ class LaneRing {
   // copied the slot's last answer out (ExpectConsumed), and a slot the slot holder still holds is
   // asked back from it (SetSlotHolder) instead of waiting for its next call.
   LaneError Reserve(int64_t deadline_ns, uint64_t* seq, bool host = true);
+  // The seq the next Reserve hands out (a host call on another thread may take it first).
+  uint64_t NextSeq();
   // A slot's answer that a GPU stream will copy out and then mark, writing `value` into the word
   // at `word` (host memory, written by the device; it lives as long as the ring): a host Reserve
   // does not hand the slot out before that (the server would overwrite the answer). Thread-safe.

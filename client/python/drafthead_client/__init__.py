@@ -578,9 +578,9 @@ class RemoteDraftHead(_HeadBase):
                      out: Any = None, **fields: Any) -> Any:
         """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
         the logits [..., V], or [ids, values, probs or None] ([..., k]; [...] for ARGMAX and SAMPLE),
-        ordered on the caller's stream, in tensors allocated here or in the caller's `out` (_check_out's
-        rules), which the lane's own C call copies the answers into (each chunk of max_rows rows at its
-        rows' offset: no slicing, no concatenation)."""
+        ordered on the caller's stream, in tensors allocated here (while the server computes the first
+        chunk) or in the caller's `out` (_check_out's rules), which the lane's own C calls copy the
+        answers into (each chunk of max_rows rows at its rows' offset: no slicing, no concatenation)."""
         K = self.info()["hidden_size"]
         if hidden.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
@@ -592,29 +592,43 @@ class RemoteDraftHead(_HeadBase):
         rows = x.shape[0]
         if rows == 0:
             raise ValueError("hidden: no rows")
-        if out is None:
-            # Every torch op costs host time (the stream-ordered call's budget): the answers'
-            # tensors in their final shapes, and nothing else.
-            dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
-            if mode == pb.FULL_LOGITS:
-                V = self.info()["vocab_size"]
-                dtype = torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16
-                out = torch.empty(lead + (V,), dtype=dtype, device=dev)
-                per_row = _row_spans([out], V)
-            else:
-                k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
-                shape = lead + ((k,) if mode == pb.TOP_K else ())
-                out = [torch.empty(shape, dtype=torch.int64, device=dev), torch.empty(shape, dtype=torch.float32,
-                                                                                      device=dev),
-                       torch.empty(shape, dtype=torch.float32, device=dev) if fields.get("return_probs") else None]
-                per_row = _row_spans(out, k)
-        else:
-            per_row = self._check_out(out, mode, rows, lane, **fields)
         chunk = max(1, self.info()["max_rows"])
-        for r0 in range(0, rows, chunk):
+        start = 0  # the first row the loop below sends
+        if out is not None:
+            per_row = self._check_out(out, mode, rows, lane, **fields)
+        else:
+            # The first chunk is published before the answers' tensors are allocated (the server
+            # computes meanwhile: a torch op costs microseconds of host time), then finished.
+            seq = lane.submit_cuda(mode=mode, x=x if rows <= chunk else x[:chunk], request_id=0, timeout=timeout,
+                                   **fields)
+            first = min(rows, chunk)
+            try:
+                out, per_row = self._new_outs(lane, hidden, mode, **fields)
+            except BaseException:
+                lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
+                raise
+            lane.finish_cuda(seq, mode=mode, rows=first, out_ptrs=tuple(a for a, _ in per_row), wait=wait,
+                             timeout=timeout, **fields)
+            start = chunk
+        for r0 in range(start, rows, chunk):
             lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
                            timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
         return out
+
+    def _new_outs(self, lane: Lane, hidden: Any, mode: int, **fields: Any) -> Tuple[Any, List[Tuple[int, int]]]:
+        """The answers' tensors of a lane call in their final shapes (and nothing else: every torch
+        op costs host time), and _row_spans of them."""
+        dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
+        if mode == pb.FULL_LOGITS:
+            V = self.info()["vocab_size"]
+            dtype = torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16
+            out = torch.empty(lead + (V,), dtype=dtype, device=dev)
+            return out, _row_spans([out], V)
+        k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+        shape = lead + ((k,) if mode == pb.TOP_K else ())
+        outs = [torch.empty(shape, dtype=torch.int64, device=dev), torch.empty(shape, dtype=torch.float32, device=dev),
+                torch.empty(shape, dtype=torch.float32, device=dev) if fields.get("return_probs") else None]
+        return outs, _row_spans(outs, k)
 
     def _check_out(self, out: Any, mode: int, rows: int, lane: Lane, **fields: Any) -> List[Tuple[int, int]]:
         """The caller's output tensors for a call over the lane's CUDA arenas: contiguous torch tensors

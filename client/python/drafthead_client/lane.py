@@ -32,7 +32,7 @@ _NO_REGION = 0xFFFFFFFF
 _FLAG_PROBS, _FLAG_FENCE, _FLAG_IDS64 = 1, 2, 4
 _DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
 _LAYOUT_VERSION = 1
-_ABI_VERSION = 5  # DH_LANE_ABI_VERSION (lane_c_api.h)
+_ABI_VERSION = 6  # DH_LANE_ABI_VERSION (lane_c_api.h)
 _NO_SLICE = (_NO_REGION, 0, 0)
 
 _TIMING_FIELDS = ("queue_us", "compute_us", "batch_rows", "validate_us", "broadcast_us", "h2d_us", "gemv_us",
@@ -104,6 +104,11 @@ def load_library() -> ctypes.CDLL:
     lib.dh_lane_call_stream.restype = c.c_int64
     lib.dh_lane_call_stream.argtypes = [c.c_void_p, c.c_char_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_int,
                                         c.c_int64, c.c_void_p, c.c_uint32, c.c_char_p, c.c_size_t]
+    lib.dh_lane_submit_stream.restype = c.c_int64
+    lib.dh_lane_submit_stream.argtypes = [c.c_void_p, c.c_char_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_int,
+                                          c.c_int64, c.c_char_p, c.c_size_t]
+    lib.dh_lane_finish_stream.argtypes = [c.c_void_p, c.c_uint64, c.c_void_p, c.c_uint32, c.c_int, c.c_int64,
+                                          c.c_char_p, c.c_size_t]
     lib.dh_lane_stream_synchronize.argtypes = [c.c_void_p, c.c_int64, c.c_char_p, c.c_size_t]
     lib.dh_lane_cuda_copy_kernel.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
     lib.dh_lane_cuda_host_io.argtypes = [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]
@@ -337,28 +342,15 @@ class Lane:
         on the host (for this call and the earlier ones) and raises a failure at once; wait=False
         returns at once, and a failure raises at the next call or synchronize() (like an asynchronous
         CUDA error)."""
-        torch, pb, h = self._torch, self._pb, self._h
+        h = self._h
         if h is None:
             raise self._error("UNAVAILABLE", "the lane is closed")
         if x.device != self._cuda_device:
             x = x.to(self._cuda_device)
         rows = x.shape[0]
-        copies = self._copies()  # (destination, offset in the slot's answer, bytes) triples
-        if mode == pb.FULL_LOGITS:
-            out_bytes = rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
-            copies[0:3] = (out_ptrs[0], 0, out_bytes)
-            n_copies = 1
-        else:
-            m = rows * (top_k if mode == pb.TOP_K else 1)
-            out_bytes = m * (16 if return_probs else 12)
-            copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
-            n_copies = 2
-            if return_probs:
-                copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
-                n_copies = 3
-        d = _pack(request_id, rows, pb.FP32 if x.dtype == torch.float32 else pb.BF16, mode, logits_dtype, head, top_k,
-                  return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
-                  ids64=mode != pb.FULL_LOGITS)
+        copies = self._copies()
+        n_copies = self._fill_copies(copies, mode, rows, out_ptrs, logits_dtype, top_k, return_probs)
+        d = self._descriptor(mode, x, rows, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
         msg = self._msg()
         n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
                                           self._stream(self._cuda_device.index), 1 if wait else 0,
@@ -366,6 +358,71 @@ class Lane:
                                           msg, len(msg))
         if n < 0:
             self._raise(-n, msg)
+
+    def submit_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
+                    temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0,
+                    timeout: Optional[float] = None) -> int:
+        """call_cuda's first half (dh_lane_submit_stream): the rows copied, fenced and published on the
+        current stream, so that the server computes while the caller allocates the answer's tensors.
+        Returns the call's seq, which finish_cuda must take next, from this thread (with no out_ptrs
+        when the caller gave up in between)."""
+        h = self._h
+        if h is None:
+            raise self._error("UNAVAILABLE", "the lane is closed")
+        if x.device != self._cuda_device:
+            x = x.to(self._cuda_device)
+        d = self._descriptor(mode, x, x.shape[0], logits_dtype, top_k, return_probs, temperature, seed, head,
+                             request_id)
+        msg = self._msg()
+        n = self._lib.dh_lane_submit_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
+                                            self._stream(self._cuda_device.index), 1,
+                                            -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+        if n < 0:
+            self._raise(-n, msg)
+        return n
+
+    def finish_cuda(self, seq: int, *, mode: int, rows: int, out_ptrs: "tuple[int, ...]" = (), logits_dtype: int = 0,
+                    top_k: int = 0, return_probs: bool = False, wait: bool = True, timeout: Optional[float] = None,
+                    **_: Any) -> None:
+        """call_cuda's second half (dh_lane_finish_stream) for submit_cuda's seq: the stream waits for
+        the answer and copies it to out_ptrs (call_cuda's), as call_cuda does; () copies nothing."""
+        copies = self._copies()
+        n_copies = self._fill_copies(copies, mode, rows, out_ptrs, logits_dtype, top_k, return_probs) if out_ptrs else 0
+        msg = self._msg()
+        rc = self._lib.dh_lane_finish_stream(self._h, seq, copies, n_copies, 1 if wait else 0,
+                                             -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+        if rc != 0:
+            self._raise(rc, msg)
+
+    def _answer_bytes(self, mode: int, rows: int, logits_dtype: int, top_k: int, return_probs: bool) -> int:
+        """The bytes of a call's answer in its slot's output area (what the descriptor's slice says)."""
+        pb = self._pb
+        if mode == pb.FULL_LOGITS:
+            return rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
+        return rows * (top_k if mode == pb.TOP_K else 1) * (16 if return_probs else 12)
+
+    def _fill_copies(self, copies: Any, mode: int, rows: int, out_ptrs: "tuple[int, ...]", logits_dtype: int,
+                     top_k: int, return_probs: bool) -> int:
+        """The (destination, offset in the slot's answer, bytes) triples of a call's answer; their count."""
+        pb = self._pb
+        if mode == pb.FULL_LOGITS:
+            copies[0:3] = (out_ptrs[0], 0, self._answer_bytes(mode, rows, logits_dtype, top_k, return_probs))
+            return 1
+        m = rows * (top_k if mode == pb.TOP_K else 1)
+        copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
+        if not return_probs:
+            return 2
+        copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
+        return 3
+
+    def _descriptor(self, mode: int, x: Any, rows: int, logits_dtype: int, top_k: int, return_probs: bool,
+                    temperature: float, seed: int, head: int, request_id: int) -> bytes:
+        """A stream-ordered call's LaneRequest (fenced rows; the answer in the slot's output area)."""
+        pb = self._pb
+        out_bytes = self._answer_bytes(mode, rows, logits_dtype, top_k, return_probs)
+        return _pack(request_id, rows, pb.FP32 if x.dtype == self._torch.float32 else pb.BF16, mode, logits_dtype,
+                     head, top_k, return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
+                     ids64=mode != pb.FULL_LOGITS)
 
     def compute(self, req: Any, timeout: Optional[float]) -> "LaneAnswer":
         """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
