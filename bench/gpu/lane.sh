@@ -132,7 +132,7 @@ run_set() {  # TITLE
       echo
       cpp_p50 shm lane
       timeout 200 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --breakdown --rounds="$rounds" \
-        --seconds=1 2>&1 | tail -6
+        --seconds=1 2>&1 | tail -9
       stamp "breakdown $1"
     fi
     if want versus; then
