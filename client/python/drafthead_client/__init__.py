@@ -277,21 +277,14 @@ class _HeadBase:
             if lane is not None and cuda_device is not None and not lane.cuda_asked and not self._lane_cuda_tried:
                 self._lane_cuda_tried = True
                 try:
-                    info = call(stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
-                    if pb.CUDA_IPC not in list(info.shared_memory):
-                        lane.cuda_error = "the server serves no CUDA shared memory (--shared-memory=cuda)"
-                    else:
-                        self._lane = Lane(pb, stub, info, call, DraftHeadError, depth=self._lane_depth,
-                                          cuda_device=cuda_device)
+                    self._lane = self._new_lane(stub, call, cuda_device, need_cuda=True)
                 except (LaneUnavailable, DraftHeadError) as e:  # the host lane serves on, saying why
                     lane.cuda_error = f"a lane with CUDA arenas could not open: {e}"
                 return self._lane
             if not due:
                 return lane
             try:
-                info = call(stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
-                self._lane = Lane(pb, stub, info, call, DraftHeadError, depth=self._lane_depth,
-                                  cuda_device=cuda_device)
+                self._lane = self._new_lane(stub, call, cuda_device)
                 return self._lane
             except (LaneUnavailable, DraftHeadError) as e:
                 self._lane_error = DraftHeadError(e.code, f"no same-host lane: {e}")
@@ -299,6 +292,15 @@ class _HeadBase:
             if self.lane_mode == "required":
                 raise self._lane_error
             return None
+
+    def _new_lane(self, stub: Any, call: Callable[..., Any], cuda_device: Any, need_cuda: bool = False) -> Lane:
+        """A lane opened now (GetModelInfo, then OpenLane); need_cuda: LaneUnavailable unless the
+        server serves CUDA shared memory (the arenas on cuda_device need it)."""
+        info = call(stub.GetModelInfo, pb.ModelInfoRequest(), 5.0)
+        if need_cuda and pb.CUDA_IPC not in list(info.shared_memory):
+            raise LaneUnavailable("FAILED_PRECONDITION", "the server serves no CUDA shared memory "
+                                  "(--shared-memory=cuda)")
+        return Lane(pb, stub, info, call, DraftHeadError, depth=self._lane_depth, cuda_device=cuda_device)
 
     def _lane_dropped(self, lane: Lane, e: DraftHeadError) -> bool:
         """After `lane` failed a call with `e`: True when the call should go over gRPC instead (the
