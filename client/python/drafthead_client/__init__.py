@@ -595,24 +595,23 @@ class RemoteDraftHead(_HeadBase):
         if rows == 0:
             raise ValueError("hidden: no rows")
         chunk = max(1, self.info()["max_rows"])
-        start = 0  # the first row the loop below sends
-        if out is not None:
-            per_row = self._check_out(out, mode, rows, lane, **fields)
-        else:
-            # The first chunk is published before the answers' tensors are allocated (the server
-            # computes meanwhile: a torch op costs microseconds of host time), then finished.
-            seq = lane.submit_cuda(mode=mode, x=x if rows <= chunk else x[:chunk], request_id=0, timeout=timeout,
-                                   **fields)
-            first = min(rows, chunk)
-            try:
+        first = min(rows, chunk)
+        # The first chunk is published before the answers' tensors are allocated or the caller's
+        # checked (the server computes meanwhile: a torch op costs microseconds of host time), then
+        # finished; a bad `out` raises once the call is finished with nothing copied.
+        seq = lane.submit_cuda(mode=mode, x=x if rows <= chunk else x[:chunk], request_id=0, timeout=timeout,
+                               **fields)
+        try:
+            if out is None:
                 out, per_row = self._new_outs(lane, hidden, mode, **fields)
-            except BaseException:
-                lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
-                raise
-            lane.finish_cuda(seq, mode=mode, rows=first, out_ptrs=tuple(a for a, _ in per_row), wait=wait,
-                             timeout=timeout, **fields)
-            start = chunk
-        for r0 in range(start, rows, chunk):
+            else:
+                per_row = self._check_out(out, mode, rows, lane, **fields)
+        except BaseException:
+            lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
+            raise
+        lane.finish_cuda(seq, mode=mode, rows=first, out_ptrs=tuple(a for a, _ in per_row), wait=wait,
+                         timeout=timeout, **fields)
+        for r0 in range(chunk, rows, chunk):
             lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
                            timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
         return out
