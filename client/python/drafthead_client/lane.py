@@ -386,10 +386,13 @@ class Lane:
                     **_: Any) -> None:
         """call_cuda's second half (dh_lane_finish_stream) for submit_cuda's seq: the stream waits for
         the answer and copies it to out_ptrs (call_cuda's), as call_cuda does; () copies nothing."""
+        h = self._h
+        if h is None:  # closed meanwhile: the call went with the lane
+            raise self._error("UNAVAILABLE", "the lane is closed")
         copies = self._copies()
         n_copies = self._fill_copies(copies, mode, rows, out_ptrs, logits_dtype, top_k, return_probs) if out_ptrs else 0
         msg = self._msg()
-        rc = self._lib.dh_lane_finish_stream(self._h, seq, copies, n_copies, 1 if wait else 0,
+        rc = self._lib.dh_lane_finish_stream(h, seq, copies, n_copies, 1 if wait else 0,
                                              -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
         if rc != 0:
             self._raise(rc, msg)
