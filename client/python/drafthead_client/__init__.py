@@ -607,7 +607,10 @@ class RemoteDraftHead(_HeadBase):
             else:
                 per_row = self._check_out(out, mode, rows, lane, **fields)
         except BaseException:
-            lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
+            try:
+                lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
+            except DraftHeadError:
+                pass  # the caller's error goes first; a lane failure also raises at the next call
             raise
         lane.finish_cuda(seq, mode=mode, rows=first, out_ptrs=tuple(a for a, _ in per_row), wait=wait,
                          timeout=timeout, **fields)
