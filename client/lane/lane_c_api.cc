@@ -1,5 +1,6 @@
 #include "client/lane/lane_c_api.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -31,6 +32,18 @@ int Report(const LaneError& e, char* msg, size_t msg_len) {
 int64_t Deadline(int64_t timeout_ns) {
   return timeout_ns < 0 ? INT64_MAX : drafthead::lane::MonotonicNanos() + timeout_ns;
 }
+
+using drafthead::lane::LaneCuda;
+// The C ABI's copy triples (destination, offset, bytes) as CopyOuts: at most kMaxCopies + 1 of
+// them (one more than a call takes, so that LaneCuda names the excess); none without an array.
+struct CopyOuts {
+  LaneCuda::CopyOut piece[LaneCuda::kMaxCopies + 1];
+  uint32_t n = 0;
+  CopyOuts(const uint64_t* copies, uint32_t n_copies) {
+    n = copies == nullptr ? 0 : std::min<uint32_t>(n_copies, LaneCuda::kMaxCopies + 1);
+    for (uint32_t i = 0; i < n; ++i) piece[i] = {copies[3 * i], copies[3 * i + 1], copies[3 * i + 2]};
+  }
+};
 
 }  // namespace
 
@@ -122,16 +135,15 @@ DH_EXPORT int dh_lane_cuda_attach(dh_lane* l, uint64_t hidden_arena, uint64_t ou
 DH_EXPORT int64_t dh_lane_call_stream(dh_lane* l, const void* request, uint64_t hidden, uint64_t hidden_bytes,
                                       void* stream, int wait, int64_t timeout_ns, const uint64_t* copies,
                                       uint32_t n_copies, char* msg, size_t msg_len) {
-  using drafthead::lane::LaneCuda;
   if (n_copies > LaneCuda::kMaxCopies || (n_copies > 0 && copies == nullptr))
     return -Report(LaneError{3, "copies: at most " + std::to_string(LaneCuda::kMaxCopies) + " triples"}, msg, msg_len);
   if (l->cuda == nullptr) return -Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
   drafthead::lane::LaneRequest d;
   std::memcpy(&d, request, sizeof d);
-  LaneCuda::CopyOut out[LaneCuda::kMaxCopies];
-  for (uint32_t i = 0; i < n_copies; ++i) out[i] = {copies[3 * i], copies[3 * i + 1], copies[3 * i + 2]};
+  const CopyOuts out(copies, n_copies);
   uint64_t seq = 0;
-  if (LaneError e = l->cuda->Call(d, hidden, hidden_bytes, stream, wait != 0, Deadline(timeout_ns), out, n_copies, &seq);
+  if (LaneError e = l->cuda->Call(d, hidden, hidden_bytes, stream, wait != 0, Deadline(timeout_ns), out.piece, out.n,
+                                  &seq);
       !e.ok())
     return -Report(e, msg, msg_len);
   return static_cast<int64_t>(seq);
@@ -152,12 +164,9 @@ DH_EXPORT int64_t dh_lane_submit_stream(dh_lane* l, const void* request, uint64_
 
 DH_EXPORT int dh_lane_finish_stream(dh_lane* l, uint64_t seq, const uint64_t* copies, uint32_t n_copies, int wait,
                                     int64_t timeout_ns, char* msg, size_t msg_len) {
-  using drafthead::lane::LaneCuda;
   if (l->cuda == nullptr) return Report(LaneError{9, "dh_lane_cuda_attach first"}, msg, msg_len);
-  LaneCuda::CopyOut out[LaneCuda::kMaxCopies + 1];  // one more: Finish names the excess and still finishes
-  const uint32_t n = n_copies > LaneCuda::kMaxCopies ? LaneCuda::kMaxCopies + 1 : (copies == nullptr ? 0 : n_copies);
-  for (uint32_t i = 0; i < n; ++i) out[i] = {copies[3 * i], copies[3 * i + 1], copies[3 * i + 2]};
-  return Report(l->cuda->Finish(seq, out, n, wait != 0, Deadline(timeout_ns)), msg, msg_len);
+  const CopyOuts out(copies, n_copies);  // an excess piece: Finish names it and still finishes
+  return Report(l->cuda->Finish(seq, out.piece, out.n, wait != 0, Deadline(timeout_ns)), msg, msg_len);
 }
 
 namespace {
