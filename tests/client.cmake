@@ -5,6 +5,10 @@ drafthead_add_test(client_histogram_test SOURCES client_histogram_test.cc LIBS d
 drafthead_add_test(client_library_test SOURCES client_library_test.cc LIBS drafthead_client LABELS client TIMEOUT 180)
 drafthead_add_test(client_load_test SOURCES client_load_test.cc LIBS drafthead_load LABELS client TIMEOUT 300)
 drafthead_add_test(lane_ring_test SOURCES lane_ring_test.cc LIBS drafthead_lane_ring LABELS client TIMEOUT 120)
+# The C ABI's sources built into the test (the shipped library is never sanitized: Python loads it).
+drafthead_add_test(lane_c_api_test SOURCES lane_c_api_test.cc ${PROJECT_SOURCE_DIR}/client/lane/lane_c_api.cc
+                   ${PROJECT_SOURCE_DIR}/client/lane/lane_cuda.cc LIBS drafthead_lane_ring ${CMAKE_DL_LIBS}
+                   LABELS client TIMEOUT 120)
 drafthead_add_test(native_grpc_split_test SOURCES native_grpc_split_test.cc LIBS drafthead_grpc_c gRPC::grpc++
                    LABELS client TIMEOUT 120)
 # The tests start the fake server binary as a child process.

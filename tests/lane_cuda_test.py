@@ -202,6 +202,45 @@ class LaneCudaTest(unittest.TestCase):
             got = self.lane.argmax(x)
             self.eq(got.ids, want.ids)
 
+    def test_closing_with_calls_in_flight(self):
+        # A client closed while its stream-ordered calls are still queued on a stream (behind a GPU
+        # sleep, so none has reached the GPU) and while another thread's host call waits: close()
+        # returns, the other thread's call ends, the stream runs through (the waits it queued are
+        # answered or failed, not left hanging on memory the lane gave back), and the process goes
+        # on with a fresh client.
+        import threading
+        import numpy as np
+        xn = dc.float32_to_bf16(np.random.default_rng(8).standard_normal((3, self.K), dtype=np.float32))
+        for i in range(max(1, REPEAT // 10)):
+            head = dc.RemoteDraftHead(self.target, lane="required", timeout=60)
+            x = torch.randn(5, self.K, device="cuda").to(torch.bfloat16)
+            head.topk(x, 8)  # the lane, with its CUDA arenas
+            ended = []
+
+            def host_calls():
+                try:
+                    for _ in range(200):
+                        head.topk(xn, 4)
+                except Exception as e:  # noqa: BLE001 (a closed lane's error ends the loop)
+                    ended.append(e)
+
+            t = threading.Thread(target=host_calls)
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time ahead of the calls
+                for _ in range(3):
+                    head.topk(x, 8, wait=False)
+            t.start()
+            time.sleep(0.002)
+            start = time.monotonic()
+            head.close()
+            t.join(30)
+            self.assertFalse(t.is_alive(), "a host call hangs after close()")
+            s.synchronize()  # returns: the stream's waits on the lane ended
+            self.assertLess(time.monotonic() - start, 10.0)
+        got = self.lane.topk(x, 8)
+        self.eq(got.ids, self.grpc.topk(x, 8).ids)
+
     def test_every_mode_equals_grpc(self):
         g = torch.Generator(device="cuda").manual_seed(1)
         self.addCleanup(self.restore_ways)

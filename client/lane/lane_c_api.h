@@ -24,6 +24,9 @@ uint32_t dh_lane_layout_version(void);
 /* NULL on failure (*code and msg say why). */
 dh_lane* dh_lane_create(uint32_t depth, uint32_t inline_bytes, uint64_t hidden_slot_bytes,
                         uint64_t output_slot_bytes, int64_t spin_ns, int* code, char* msg, size_t msg_len);
+/* Closes the lane; safe while other threads are inside an entry or hold answers (docs/lane.md): their
+ * waits end with UNAVAILABLE, later entries are refused, the memory goes with the last answer
+ * released, and the handle's few bytes stay allocated so that a racing entry finds it closed. */
 void dh_lane_destroy(dh_lane* lane);
 const char* dh_lane_key(const dh_lane* lane);
 uint64_t dh_lane_bytes(const dh_lane* lane);

@@ -408,7 +408,9 @@ LaneError LaneCuda::FinishLocked(std::unique_lock<std::mutex>& l, uint64_t n, co
     if (cr != 0) return CudaFailed("cuLaunchKernel (the answer out of the lane's arena and the consumed word)", cr);
     s.consumed = n + 1;
     ring_->ExpectConsumed(slot, &consumed_[slot], static_cast<uint32_t>(n + 1));
-  } else if (n_merged > 0) {
+  } else {
+    // With no pieces too: the consumed word then marks the stream past its wait on the answer,
+    // its last touch of the lane's memory (what Drain waits for).
     for (uint32_t i = 0; i < n_merged; ++i) {
       cr = p.inline_answer ? api.MemcpyAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream)
                            : api.MemcpyDtoDAsync(merged[i].dst, answer + merged[i].offset, merged[i].bytes, stream);
@@ -430,6 +432,16 @@ LaneError LaneCuda::Synchronize(int64_t deadline_ns) {
     if (LaneError e = Settle(l, pending_.back(), deadline_ns); !e.ok()) return e;
   }
   return TakeDeferred();
+}
+
+bool LaneCuda::Open(uint64_t seq) {
+  std::lock_guard<std::mutex> l(mu_);
+  return !slots_.empty() && slots_[seq % slots_.size()].open == seq + 1;
+}
+
+bool LaneCuda::Drain(int64_t deadline_ns) {
+  ring_->FailOutstanding(LaneError{14 /* UNAVAILABLE */, "the lane was closed before this call's answer came"});
+  return ring_->AwaitCopiedOut(deadline_ns);
 }
 
 bool LaneCuda::Reclaim(uint64_t seq, int64_t deadline_ns) {

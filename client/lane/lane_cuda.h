@@ -70,6 +70,14 @@ class LaneCuda {
   LaneError Finish(uint64_t seq, const CopyOut* copies, uint32_t n, bool wait, int64_t deadline_ns);
   // Waits on the host for every stream-ordered call's answer; the first failure among them.
   LaneError Synchronize(int64_t deadline_ns);
+  // Whether seq is a submitted call awaiting its Finish.
+  bool Open(uint64_t seq);
+  // Before the lane's memory goes (the owner's destroy, after LaneRing::Close and once no call is
+  // inside): the answers the caller's streams still wait for are failed here (a server told to
+  // close may never write them), then the streams' copies out of the slots are awaited (every
+  // finished call marks its consumed word last) up to deadline_ns. False: the device may still
+  // touch the lane's memory, which the owner must then keep.
+  bool Drain(int64_t deadline_ns);
 
   // The copy kernel (lane_copy.cu; loaded at Attach where the library has it and the driver takes
   // it): a call's rows and its fence word in one launch, its answer's pieces and the consumed word

@@ -140,6 +140,7 @@ uint8_t* LaneRing::hidden_area(uint32_t slot) const { return arena_ + hidden_are
 uint8_t* LaneRing::output_area(uint32_t slot) const { return arena_ + output_area_offset(slot); }
 
 LaneError LaneRing::CheckServer() const {
+  if (closed_.load(std::memory_order_acquire)) return Err(kUnavailable, "the lane is closed (on this side)");
   if (hdr_->server_state.load(std::memory_order_acquire) == kServerClosed)
     return Err(kUnavailable, "the server closed the lane");
   if (server_pidfd_ >= 0) {
@@ -191,9 +192,33 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
   }
 }
 
+void LaneRing::Close() {
+  closed_.store(true, std::memory_order_seq_cst);
+  // Waiters sleep on cq_count (Wait) or on slot_freed_ (Reserve); both look at CheckServer when
+  // they wake.
+  if (hdr_->client_sleeping.load(std::memory_order_seq_cst) != 0) FutexWake(&hdr_->cq_count, INT32_MAX);
+  std::lock_guard<std::mutex> l(mu_);
+  slot_freed_.notify_all();
+}
+
 uint64_t LaneRing::NextSeq() {
   std::lock_guard<std::mutex> l(mu_);
   return next_seq_;
+}
+
+bool LaneRing::AwaitCopiedOut(int64_t deadline_ns) {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    bool all = true;
+    for (const ConsumedWord& cw : copied_out_)
+      all = all && (cw.word == nullptr ||
+                    static_cast<int32_t>(__atomic_load_n(cw.word, __ATOMIC_ACQUIRE) - cw.value) >= 0);
+    if (all) return true;
+    const int64_t left = deadline_ns - MonotonicNanos();
+    if (left <= 0) return false;
+    // The device writes the words without a notify: look again every 20 us.
+    slot_freed_.wait_for(l, std::chrono::nanoseconds(std::min<int64_t>(left, 20'000)));
+  }
 }
 
 void LaneRing::ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value) {

@@ -92,6 +92,10 @@ class LaneRing {
   // at `word` (host memory, written by the device; it lives as long as the ring): a host Reserve
   // does not hand the slot out before that (the server would overwrite the answer). Thread-safe.
   void ExpectConsumed(uint32_t slot, const uint32_t* word, uint32_t value);
+  // Waits (to deadline_ns, CLOCK_MONOTONIC) until every slot's answer that a GPU stream is to copy
+  // out is marked copied (ExpectConsumed): after that the device no longer reads the ring's slots.
+  // False when the deadline passed first.
+  bool AwaitCopiedOut(int64_t deadline_ns);
   // The part of the library that holds slots past their answers until it looks at them (the
   // stream-ordered calls, LaneCuda): a host Reserve whose next slot it holds calls
   // reclaim(seq, deadline_ns) without the ring's lock; it releases seq (waiting for its answer up
@@ -138,8 +142,15 @@ class LaneRing {
   uint8_t* base() const { return base_; }
   uint64_t fence_offset(uint64_t seq) const;     // the request slot's fence word
   uint64_t done_offset(uint64_t seq) const;      // the completion slot's done_seq (low word first)
-  // Whether the server is gone (closed the lane, or its process exited): UNAVAILABLE then.
+  // Whether the server is gone (closed the lane, or its process exited), or this side closed the
+  // ring (Close): UNAVAILABLE then.
   LaneError CheckServer() const;
+  // This side's close (the owner's, before it destroys the ring while other threads may still wait
+  // in it): from now on waits and reserves end with UNAVAILABLE: a waiter asleep is woken, one
+  // spinning stops at the end of its spin, one about to sleep within a sleep slice (20 ms).
+  // Thread-safe; idempotent.
+  void Close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
   // Once the server is gone: every submission not yet answered is answered here with `why`
   // (done_seq written), so that a GPU stream waiting on one goes on instead of hanging.
   void FailOutstanding(const LaneError& why);
@@ -163,6 +174,7 @@ class LaneRing {
   LaneHeader* hdr_ = nullptr;
   int server_pidfd_ = -1;
   bool linked_ = true;
+  std::atomic<bool> closed_{false};  // Close()
 
   std::mutex mu_;  // submission order and slot states
   std::condition_variable slot_freed_;
