@@ -411,13 +411,12 @@ class _HeadBase:
 
     @staticmethod
     def _token_fields(mode: str, head: str, k: int, probs: bool, temperature: float, seed: int) -> Dict[str, Any]:
-        """The LogitsRequest fields of a TOP_K, ARGMAX or SAMPLE call (besides rows and mode)."""
-        fields: Dict[str, Any] = {"head": _HEADS[head]}
-        if mode == "topk":
-            fields.update(top_k=int(k), return_probs=bool(probs), temperature=temperature)
-        elif mode == "sample":
-            fields.update(temperature=temperature, seed=int(seed))
-        return fields
+        """The LogitsRequest fields of a TOP_K, ARGMAX or SAMPLE call (besides rows and mode); those the
+        mode does not read are 0 (proto3's unset)."""
+        topk = mode == "topk"
+        return {"head": _HEADS[head], "top_k": int(k) if topk else 0, "return_probs": topk and bool(probs),
+                "temperature": temperature if topk or mode == "sample" else 0.0,
+                "seed": int(seed) if mode == "sample" else 0}
 
     # -- the calls' plans --------------------------------------------------------------------------
     def _logits_plan(self, info: Dict[str, Any], hidden: Hidden, dtype: str, head: str,
@@ -573,17 +572,22 @@ class RemoteDraftHead(_HeadBase):
         """The lane that carries torch CUDA tensors on their GPU, when `hidden` is one and there is one."""
         if self.lane_mode == "off" or torch is None or not isinstance(hidden, torch.Tensor) or not hidden.is_cuda:
             return None
-        lane = self.lane(cuda_device=hidden.device)
+        lane = self._lane  # a lane opened for a GPU stays the client's choice: no lock to find it
+        if lane is None or not lane.cuda_asked:
+            lane = self.lane(cuda_device=hidden.device)
         return lane if lane is not None and lane.cuda else None
 
     def _lane_tensor(self, lane: Lane, hidden: Any, mode: int, wait: bool, timeout: Optional[float],
-                     out: Any = None, **fields: Any) -> Any:
+                     out: Any = None, *, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
+                     temperature: float = 0.0, seed: int = 0, head: int = 0) -> Any:
         """hidden (a torch CUDA tensor [..., K]) through the lane's CUDA arenas, max_rows rows a call:
         the logits [..., V], or [ids, values, probs or None] ([..., k]; [...] for ARGMAX and SAMPLE),
         ordered on the caller's stream, in tensors allocated here (while the server computes the first
         chunk) or in the caller's `out` (_check_out's rules), which the lane's own C calls copy the
-        answers into (each chunk of max_rows rows at its rows' offset: no slicing, no concatenation)."""
-        K = self.info()["hidden_size"]
+        answers into (each chunk of max_rows rows at its rows' offset: no slicing, no concatenation).
+        Each chunk's call is a StreamPlan looked up by its shape: no keyword plumbing a call."""
+        info = self._info if self._info is not None else self.info()
+        K = info["hidden_size"]
         if hidden.shape[-1] != K:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, want [..., {K}] (the server's hidden size)")
         x = hidden if hidden.dim() == 2 else hidden.reshape(-1, K)  # read by address only: no detach
@@ -594,45 +598,53 @@ class RemoteDraftHead(_HeadBase):
         rows = x.shape[0]
         if rows == 0:
             raise ValueError("hidden: no rows")
-        chunk = max(1, self.info()["max_rows"])
+        chunk = max(1, info["max_rows"])
         first = min(rows, chunk)
+        fp32 = x.dtype == torch.float32
+        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        plan = lane.stream_plan(mode, first, fp32, logits_dtype, top_k, return_probs, temperature, seed, head)
         # The first chunk is published before the answers' tensors are allocated or the caller's
         # checked (the server computes meanwhile: a torch op costs microseconds of host time), then
         # finished; a bad `out` raises once the call is finished with nothing copied.
-        seq = lane.submit_cuda(mode=mode, x=x if rows <= chunk else x[:chunk], request_id=0, timeout=timeout,
-                               **fields)
+        seq = lane.submit_plan(plan, x, timeout_ns)
         try:
             if out is None:
-                out, per_row = self._new_outs(lane, hidden, mode, **fields)
+                out, per_row = self._new_outs(lane, hidden, mode, logits_dtype, top_k, return_probs)
             else:
-                per_row = self._check_out(out, mode, rows, lane, **fields)
+                per_row = self._check_out(out, mode, rows, lane, logits_dtype=logits_dtype, top_k=top_k,
+                                          return_probs=return_probs)
         except BaseException:
             try:
-                lane.finish_cuda(seq, mode=mode, rows=first, wait=False, **fields)
+                lane.finish_plan(plan, seq, (), False, timeout_ns)
             except DraftHeadError:
                 pass  # the caller's error goes first; a lane failure also raises at the next call
             raise
-        lane.finish_cuda(seq, mode=mode, rows=first, out_ptrs=tuple(a for a, _ in per_row), wait=wait,
-                         timeout=timeout, **fields)
+        lane.finish_plan(plan, seq, tuple(a for a, _ in per_row), wait, timeout_ns)
         for r0 in range(chunk, rows, chunk):
-            lane.call_cuda(mode=mode, x=x if rows <= chunk else x[r0:r0 + chunk], request_id=r0, wait=wait,
-                           timeout=timeout, out_ptrs=tuple(a + r0 * b for a, b in per_row), **fields)
+            n = min(chunk, rows - r0)
+            lane.call_plan(lane.stream_plan(mode, n, fp32, logits_dtype, top_k, return_probs, temperature, seed, head,
+                                            r0),
+                           x[r0:r0 + n], tuple(a + r0 * b for a, b in per_row), wait, timeout_ns)
         return out
 
-    def _new_outs(self, lane: Lane, hidden: Any, mode: int, **fields: Any) -> Tuple[Any, List[Tuple[int, int]]]:
+    def _new_outs(self, lane: Lane, hidden: Any, mode: int, logits_dtype: int, top_k: int,
+                  return_probs: bool) -> Tuple[Any, List[Tuple[int, int]]]:
         """The answers' tensors of a lane call in their final shapes (and nothing else: every torch
         op costs host time), and _row_spans of them."""
         dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
         if mode == pb.FULL_LOGITS:
             V = self.info()["vocab_size"]
-            dtype = torch.float32 if fields.get("logits_dtype") == pb.FP32 else torch.bfloat16
-            out = torch.empty(lead + (V,), dtype=dtype, device=dev)
-            return out, _row_spans([out], V)
-        k = fields.get("top_k", 1) if mode == pb.TOP_K else 1
+            out = torch.empty(lead + (V,), dtype=torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16,
+                              device=dev)
+            return out, [(out.data_ptr(), V * out.element_size())]
+        k = top_k if mode == pb.TOP_K else 1
         shape = lead + ((k,) if mode == pb.TOP_K else ())
-        outs = [torch.empty(shape, dtype=torch.int64, device=dev), torch.empty(shape, dtype=torch.float32, device=dev),
-                torch.empty(shape, dtype=torch.float32, device=dev) if fields.get("return_probs") else None]
-        return outs, _row_spans(outs, k)
+        ids = torch.empty(shape, dtype=torch.int64, device=dev)
+        values = torch.empty(shape, dtype=torch.float32, device=dev)
+        if not return_probs:
+            return [ids, values, None], [(ids.data_ptr(), 8 * k), (values.data_ptr(), 4 * k), (0, 0)]
+        probs = torch.empty(shape, dtype=torch.float32, device=dev)
+        return [ids, values, probs], [(ids.data_ptr(), 8 * k), (values.data_ptr(), 4 * k), (probs.data_ptr(), 4 * k)]
 
     def _check_out(self, out: Any, mode: int, rows: int, lane: Lane, **fields: Any) -> List[Tuple[int, int]]:
         """The caller's output tensors for a call over the lane's CUDA arenas: contiguous torch tensors
@@ -671,7 +683,7 @@ class RemoteDraftHead(_HeadBase):
         CUDA arenas when there are some, else the plan. out: the caller's tensors, filled and returned."""
         lane = self._cuda_lane(hidden)
         if lane is not None:
-            got = self._lane_tensor(lane, hidden, _MODES[mode], wait, timeout, out=out,
+            got = self._lane_tensor(lane, hidden, _MODES[mode], wait, timeout, out,
                                     **self._token_fields(mode, head, k, probs, temperature, seed))
             return list(got) + [None] * (3 - len(got))
         got = self._drive(self._tokens_plan(self.info(), hidden, mode, hidden_dtype, head=head, k=k, probs=probs,

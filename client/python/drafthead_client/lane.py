@@ -166,6 +166,8 @@ class Lane:
         lib = self._lib = load_library()
         rows = info.max_rows
         self._vocab = info.vocab_size
+        self._hidden_size = info.hidden_size
+        self._plans: "dict[tuple[Any, ...], StreamPlan]" = {}  # stream_plan's
         self._hidden_slot = _round_up(rows * info.hidden_size * 4, 4096)
         self._output_slot = _round_up(rows * info.vocab_size * 4, 4096)
         # Token answers inline: int64 ids, values and probs (16 bytes an entry) at the largest k.
@@ -233,6 +235,7 @@ class Lane:
             self._output_words.append(np.frombuffer(self._outputs[-1], dtype="<u4"))
         self._torch: Any = None
         self._cuda_device: Any = None
+        self._cuda_index = 0
         self._stream: Any = None          # device index -> the current CUstream handle (an int)
         if self._cuda_hidden is not None:
             rc = lib.dh_lane_cuda_attach(self._h, self._cuda_hidden.data_ptr(), self._cuda_output.data_ptr(), msg,
@@ -244,6 +247,7 @@ class Lane:
                 import torch
                 self._torch = torch
                 self._cuda_device = self._cuda_output.device
+                self._cuda_index = self._cuda_device.index
                 # The raw handle without a torch.cuda.Stream object per call (torch's own fast path;
                 # the public one where a torch lacks it).
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -330,6 +334,17 @@ class Lane:
         if rc != 0:
             self._raise(rc, msg)
 
+    def stream_plan(self, mode: int, rows: int, fp32_rows: bool, logits_dtype: int = 0, top_k: int = 0,
+                    return_probs: bool = False, temperature: float = 0.0, seed: int = 0, head: int = 0,
+                    request_id: int = 0) -> "StreamPlan":
+        """The fixed parts of a stream-ordered call of this shape (made once, then looked up: a
+        caller repeats its few shapes)."""
+        key = (mode, rows, fp32_rows, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = StreamPlan(self, *key)
+        return plan
+
     def call_cuda(self, *, mode: int, x: Any, out_ptrs: "tuple[int, ...]", logits_dtype: int = 0, top_k: int = 0,
                   return_probs: bool = False, temperature: float = 0.0, seed: int = 0, head: int = 0,
                   request_id: int = 0, wait: bool = True, timeout: Optional[float] = None) -> None:
@@ -342,22 +357,8 @@ class Lane:
         on the host (for this call and the earlier ones) and raises a failure at once; wait=False
         returns at once, and a failure raises at the next call or synchronize() (like an asynchronous
         CUDA error)."""
-        h = self._h
-        if h is None:
-            raise self._error("UNAVAILABLE", "the lane is closed")
-        if x.device != self._cuda_device:
-            x = x.to(self._cuda_device)
-        rows = x.shape[0]
-        copies = self._copies()
-        n_copies = self._fill_copies(copies, mode, rows, out_ptrs, logits_dtype, top_k, return_probs)
-        d = self._descriptor(mode, x, rows, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
-        msg = self._msg()
-        n = self._lib.dh_lane_call_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                          self._stream(self._cuda_device.index), 1 if wait else 0,
-                                          -1 if timeout is None else max(0, int(timeout * 1e9)), copies, n_copies,
-                                          msg, len(msg))
-        if n < 0:
-            self._raise(-n, msg)
+        plan = self._checked_plan(x, mode, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
+        self.call_plan(plan, x, out_ptrs, wait, _nanos(timeout))
 
     def submit_cuda(self, *, mode: int, x: Any, logits_dtype: int = 0, top_k: int = 0, return_probs: bool = False,
                     temperature: float = 0.0, seed: int = 0, head: int = 0, request_id: int = 0,
@@ -366,36 +367,66 @@ class Lane:
         current stream, so that the server computes while the caller allocates the answer's tensors.
         Returns the call's seq, which finish_cuda must take next, from this thread (with no out_ptrs
         when the caller gave up in between)."""
-        h = self._h
-        if h is None:
-            raise self._error("UNAVAILABLE", "the lane is closed")
-        if x.device != self._cuda_device:
-            x = x.to(self._cuda_device)
-        d = self._descriptor(mode, x, x.shape[0], logits_dtype, top_k, return_probs, temperature, seed, head,
-                             request_id)
-        msg = self._msg()
-        n = self._lib.dh_lane_submit_stream(h, d, x.data_ptr(), x.numel() * x.element_size(),
-                                            self._stream(self._cuda_device.index), 1,
-                                            -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
-        if n < 0:
-            self._raise(-n, msg)
-        return n
+        plan = self._checked_plan(x, mode, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
+        return self.submit_plan(plan, x, _nanos(timeout))
 
     def finish_cuda(self, seq: int, *, mode: int, rows: int, out_ptrs: "tuple[int, ...]" = (), logits_dtype: int = 0,
                     top_k: int = 0, return_probs: bool = False, wait: bool = True, timeout: Optional[float] = None,
                     **_: Any) -> None:
         """call_cuda's second half (dh_lane_finish_stream) for submit_cuda's seq: the stream waits for
         the answer and copies it to out_ptrs (call_cuda's), as call_cuda does; () copies nothing."""
+        plan = self.stream_plan(mode, rows, False, logits_dtype, top_k, return_probs)  # the pieces only
+        self.finish_plan(plan, seq, out_ptrs, wait, _nanos(timeout))
+
+    def _checked_plan(self, x: Any, mode: int, *fields: Any) -> "StreamPlan":
+        """The plan of a call with rows x, which must be a contiguous bf16 or fp32 tensor [rows, K]
+        (ValueError otherwise: the library copies the plan's bytes from its address)."""
+        torch = self._torch
+        if x.dtype not in (torch.bfloat16, torch.float32) or x.dim() != 2 or x.shape[1] != self._hidden_size or \
+                not x.is_contiguous():
+            raise ValueError(f"x: want a contiguous bf16 or fp32 tensor [rows, {self._hidden_size}], got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        return self.stream_plan(mode, x.shape[0], x.dtype == torch.float32, *fields)
+
+    # The same three on a StreamPlan, with timeouts in ns (-1: none): what the client's torch path
+    # calls, with no keyword plumbing a call.
+    def submit_plan(self, plan: "StreamPlan", x: Any, timeout_ns: int) -> int:
+        h = self._h
+        if h is None:
+            raise self._error("UNAVAILABLE", "the lane is closed")
+        if x.device != self._cuda_device:
+            x = x.to(self._cuda_device)
+        msg = self._msg()
+        n = self._lib.dh_lane_submit_stream(h, plan.desc, x.data_ptr(), plan.hidden_bytes,
+                                            self._stream(self._cuda_index), 1, timeout_ns, msg, len(msg))
+        if n < 0:
+            self._raise(-n, msg)
+        return n
+
+    def finish_plan(self, plan: "StreamPlan", seq: int, out_ptrs: "tuple[int, ...]", wait: bool,
+                    timeout_ns: int) -> None:
         h = self._h
         if h is None:  # closed meanwhile: the call went with the lane
             raise self._error("UNAVAILABLE", "the lane is closed")
-        copies = self._copies()
-        n_copies = self._fill_copies(copies, mode, rows, out_ptrs, logits_dtype, top_k, return_probs) if out_ptrs else 0
+        copies, n_copies = plan.copies(self._copies(), out_ptrs)
         msg = self._msg()
-        rc = self._lib.dh_lane_finish_stream(h, seq, copies, n_copies, 1 if wait else 0,
-                                             -1 if timeout is None else max(0, int(timeout * 1e9)), msg, len(msg))
+        rc = self._lib.dh_lane_finish_stream(h, seq, copies, n_copies, 1 if wait else 0, timeout_ns, msg, len(msg))
         if rc != 0:
             self._raise(rc, msg)
+
+    def call_plan(self, plan: "StreamPlan", x: Any, out_ptrs: "tuple[int, ...]", wait: bool, timeout_ns: int) -> None:
+        h = self._h
+        if h is None:
+            raise self._error("UNAVAILABLE", "the lane is closed")
+        if x.device != self._cuda_device:
+            x = x.to(self._cuda_device)
+        copies, n_copies = plan.copies(self._copies(), out_ptrs)
+        msg = self._msg()
+        n = self._lib.dh_lane_call_stream(h, plan.desc, x.data_ptr(), plan.hidden_bytes,
+                                          self._stream(self._cuda_index), 1 if wait else 0, timeout_ns, copies,
+                                          n_copies, msg, len(msg))
+        if n < 0:
+            self._raise(-n, msg)
 
     def _answer_bytes(self, mode: int, rows: int, logits_dtype: int, top_k: int, return_probs: bool) -> int:
         """The bytes of a call's answer in its slot's output area (what the descriptor's slice says)."""
@@ -403,29 +434,6 @@ class Lane:
         if mode == pb.FULL_LOGITS:
             return rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
         return rows * (top_k if mode == pb.TOP_K else 1) * (16 if return_probs else 12)
-
-    def _fill_copies(self, copies: Any, mode: int, rows: int, out_ptrs: "tuple[int, ...]", logits_dtype: int,
-                     top_k: int, return_probs: bool) -> int:
-        """The (destination, offset in the slot's answer, bytes) triples of a call's answer; their count."""
-        pb = self._pb
-        if mode == pb.FULL_LOGITS:
-            copies[0:3] = (out_ptrs[0], 0, self._answer_bytes(mode, rows, logits_dtype, top_k, return_probs))
-            return 1
-        m = rows * (top_k if mode == pb.TOP_K else 1)
-        copies[0:6] = (out_ptrs[0], 0, 8 * m, out_ptrs[1], 8 * m, 4 * m)
-        if not return_probs:
-            return 2
-        copies[6:9] = (out_ptrs[2], 12 * m, 4 * m)
-        return 3
-
-    def _descriptor(self, mode: int, x: Any, rows: int, logits_dtype: int, top_k: int, return_probs: bool,
-                    temperature: float, seed: int, head: int, request_id: int) -> bytes:
-        """A stream-ordered call's LaneRequest (fenced rows; the answer in the slot's output area)."""
-        pb = self._pb
-        out_bytes = self._answer_bytes(mode, rows, logits_dtype, top_k, return_probs)
-        return _pack(request_id, rows, pb.FP32 if x.dtype == self._torch.float32 else pb.BF16, mode, logits_dtype,
-                     head, top_k, return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
-                     ids64=mode != pb.FULL_LOGITS)
 
     def compute(self, req: Any, timeout: Optional[float]) -> "LaneAnswer":
         """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
@@ -479,6 +487,44 @@ class Lane:
 
 _EMPTY_I4 = np.zeros(0, dtype="<i4")
 _EMPTY_F4 = np.zeros(0, dtype="<f4")
+
+
+def _nanos(timeout: Optional[float]) -> int:
+    """A timeout in seconds (None: none) as the library's nanoseconds (-1: none)."""
+    return -1 if timeout is None else max(0, int(timeout * 1e9))
+
+
+class StreamPlan:
+    """A stream-ordered call's fixed parts for one request shape (Lane.stream_plan): its LaneRequest
+    (fenced rows, the answer in the slot's output area; the library writes seq and the slots), its
+    rows' bytes, and the (offset, bytes) in the slot's answer of each of its answer's pieces: the
+    logits, or ids (int64), values and probs (None without)."""
+
+    __slots__ = ("desc", "hidden_bytes", "pieces")
+
+    def __init__(self, lane: "Lane", mode: int, rows: int, fp32_rows: bool, logits_dtype: int, top_k: int,
+                 return_probs: bool, temperature: float, seed: int, head: int, request_id: int):
+        pb = lane._pb
+        out_bytes = lane._answer_bytes(mode, rows, logits_dtype, top_k, return_probs)
+        self.hidden_bytes = rows * lane._hidden_size * (4 if fp32_rows else 2)
+        self.desc = _pack(request_id, rows, pb.FP32 if fp32_rows else pb.BF16, mode, logits_dtype, head, top_k,
+                          return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
+                          ids64=mode != pb.FULL_LOGITS)
+        if mode == pb.FULL_LOGITS:
+            self.pieces: "tuple[Optional[tuple[int, int]], ...]" = ((0, out_bytes),)
+        else:
+            m = rows * (top_k if mode == pb.TOP_K else 1)
+            self.pieces = ((0, 8 * m), (8 * m, 4 * m), (12 * m, 4 * m) if return_probs else None)
+
+    def copies(self, array: Any, out_ptrs: "tuple[int, ...]") -> "tuple[Any, int]":
+        """The library's (destination, offset, bytes) triples for out_ptrs (one address a piece; 0 or
+        missing: that piece is not copied) in `array`; (array, their count)."""
+        n = 0
+        for dst, piece in zip(out_ptrs, self.pieces):
+            if dst and piece is not None:
+                array[3 * n:3 * n + 3] = (dst, piece[0], piece[1])
+                n += 1
+        return array, n
 
 
 class LaneAnswer:
