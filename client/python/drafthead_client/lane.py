@@ -342,6 +342,8 @@ class Lane:
         key = (mode, rows, fp32_rows, logits_dtype, top_k, return_probs, temperature, seed, head, request_id)
         plan = self._plans.get(key)
         if plan is None:
+            if len(self._plans) >= 1024:  # bounded: a caller varying temperature or seed makes new keys
+                self._plans.clear()
             plan = self._plans[key] = StreamPlan(self, *key)
         return plan
 
