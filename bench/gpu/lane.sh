@@ -74,13 +74,14 @@ e = st.get('epilogue', {}).get('p50', float('nan'))
 c = r.get('server_us', {}).get('compute', {}).get('p50', float('nan'))
 v = st.get('validate', {}).get('p50', float('nan'))
 q = r.get('server_us', {}).get('queue', {}).get('p50', float('nan'))
+h, d = (st.get(n, {}).get('p50', float('nan')) for n in ('h2d', 'd2h'))
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {lat['p50']:.0f} | {lat['p99']:.0f} | {g:.0f} | {lat['p50'] - g:.0f} | "
-      f"{e:.0f} | {c:.0f} | {lat['p50'] - c:.0f} | {v:.0f} / {q:.0f} | "
+      f"{e:.0f} | {c:.0f} | {lat['p50'] - c:.0f} | {v:.0f} / {q:.0f} / {h:.0f} / {d:.0f} | "
       f"{r['rows_per_s']:.0f} | {r.get('in_flight_mean', float('nan')):.1f} | {r['errors']} |")
 PY
 }
 cpp_header() {  # FIRST_COLUMN_AFTER_POINT
-  echo "| point | $1 | p50 us | p99 us | GEMV p50 us | p50 - GEMV | epilogue p50 | server compute p50 | p50 - compute | validate / queue p50 | rows/s | in flight | errors |"
+  echo "| point | $1 | p50 us | p99 us | GEMV p50 us | p50 - GEMV | epilogue p50 | server compute p50 | p50 - compute | validate / queue / h2d / d2h p50 | rows/s | in flight | errors |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 }
 
