@@ -157,9 +157,7 @@ LaneError LaneRing::Reserve(int64_t deadline_ns, uint64_t* seq, bool host) {
     const uint32_t slot = static_cast<uint32_t>(n % depth_);
     if (state_[slot] == kAbandoned && Done(slot_seq_[slot])) state_[slot] = kFree;
     ConsumedWord& cw = copied_out_[slot];
-    // Signed: the word counts seq + 1 of the slot's calls and may wrap.
-    const bool copied_out = !host || cw.word == nullptr ||
-                            static_cast<int32_t>(__atomic_load_n(cw.word, __ATOMIC_ACQUIRE) - cw.value) >= 0;
+    const bool copied_out = !host || cw.passed();
     if (state_[slot] == kFree && copied_out) {
       state_[slot] = kBusy;
       busy_.fetch_add(1, std::memory_order_relaxed);
@@ -209,11 +207,8 @@ uint64_t LaneRing::NextSeq() {
 bool LaneRing::AwaitCopiedOut(int64_t deadline_ns) {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    bool all = true;
-    for (const ConsumedWord& cw : copied_out_)
-      all = all && (cw.word == nullptr ||
-                    static_cast<int32_t>(__atomic_load_n(cw.word, __ATOMIC_ACQUIRE) - cw.value) >= 0);
-    if (all) return true;
+    if (std::all_of(copied_out_.begin(), copied_out_.end(), [](const ConsumedWord& cw) { return cw.passed(); }))
+      return true;
     const int64_t left = deadline_ns - MonotonicNanos();
     if (left <= 0) return false;
     // The device writes the words without a notify: look again every 20 us.

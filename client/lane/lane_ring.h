@@ -190,6 +190,11 @@ class LaneRing {
   struct ConsumedWord {
     const uint32_t* word = nullptr;  // nullptr: nothing to wait for
     uint32_t value = 0;
+    // Copied out (or nothing to wait for). Signed: the word counts seq + 1 of the slot's calls
+    // and may wrap.
+    bool passed() const {
+      return word == nullptr || static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >= 0;
+    }
   };
   std::vector<ConsumedWord> copied_out_;  // each slot's (ExpectConsumed; guarded by mu_)
   std::function<bool(uint64_t, int64_t)> reclaim_;  // SetSlotHolder's
