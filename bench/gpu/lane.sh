@@ -30,6 +30,8 @@
 #         ABBA rounds: M=5 TOP_K k=8, M=1 ARGMAX, M=5 FULL bf16 into the lane's CUDA arena.
 # spin:   the caller's spin budget over the lane, fixed 200 us vs automatic (--lane-spin-us=200 / -1,
 #         alternating on one server): c=1 M=5 TOP_K k=8 and M=1 ARGMAX (issue 21, session 12's change).
+# spin64: c=64 M=5 TOP_K over one lane of depth 64, spin budget automatic / 20 us / 0 (64 caller
+#         threads spinning on 16 cores may take the server's; issue 22's c=64 target).
 # Server: tp=1 --comm=nccl, full vocabulary (129280 x 5120), synthetic weights. SECS per point (2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -99,6 +101,16 @@ cpp_table() {  # TITLE
   cpp_point "c=64 M=5 TOP_K k=8" shm --lane=shm --rows=5 --mode=topk --k=8 --concurrency=64
 }
 
+spin64_table() {  # TITLE: c=64 over one lane of depth 64, the callers' spin budget (64 threads on 16 cores)
+  echo; echo "### C++ client over the lane, c=64, the callers' spin budget, $1"
+  cpp_header "spin budget"
+  for r in $(seq "$rounds"); do
+    for spin in -1 20 0; do
+      cpp_point "c=64 M=5 TOP_K k=8" "$spin" --lane=shm --lane-spin-us=$spin --rows=5 --mode=topk --k=8 --concurrency=64
+    done
+  done
+}
+
 cpp_p50() {  # WAY LABEL: the C++ load tester's p50 of c=1 M=5 TOP_K k=8 (--lane=WAY), as one line
   "$cli" load --target=127.0.0.1:$port --warmup=1s --duration=${secs}s --json="$tmp/c.json" --quiet --lane=$1 \
     --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, $2 M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
@@ -124,6 +136,7 @@ run_set() {  # TITLE
   if server_tp1; then
     if want cpp; then cpp_table "tp=1 nccl, full vocabulary, $1"; stamp "cpp $1"; fi
     if want spin; then spin_table "tp=1 nccl, full vocabulary, $1"; stamp "spin $1"; fi
+    if want spin64; then spin64_table "tp=1 nccl, full vocabulary, $1"; stamp "spin64 $1"; fi
     if want python; then
       echo
       timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" --seconds=1 \
