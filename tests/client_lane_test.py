@@ -298,6 +298,37 @@ class ClientLaneTest(RealServerTestCase):
             self.assertIn(b"dh_lane_cuda_attach", msg.value)
             self.assertEqual(head.argmax(x).ids.shape, (3,))  # and the lane goes on
 
+    def test_stream_plans(self):
+        """A stream-ordered call's fixed parts (what the torch path sends; the GPU runs it in
+        tests/lane_cuda_test.py): the descriptor's fields, the rows' bytes, each answer piece's
+        offset and bytes in the slot's answer, the copy triples for the caller's addresses; one plan
+        a shape, and the cache bounded."""
+        import ctypes
+        from drafthead_client import lane as lanemod
+        pb = dc.pb
+        with dc.RemoteDraftHead(self.target, lane="required", timeout=30) as head:
+            ln = head.lane()
+            p = ln.stream_plan(pb.TOP_K, 5, False, 0, 8, True, 0.5, 0, 0, 7)
+            self.assertIs(ln.stream_plan(pb.TOP_K, 5, False, 0, 8, True, 0.5, 0, 0, 7), p)
+            f = lanemod._REQUEST.unpack(p.desc)
+            self.assertEqual(f[1:9], (7, 5, pb.BF16, pb.TOP_K, 0, 0, 8,
+                                      lanemod._FLAG_PROBS | lanemod._FLAG_FENCE | lanemod._FLAG_IDS64))
+            self.assertAlmostEqual(f[9], 0.5)
+            self.assertEqual((f[16], f[18], f[19]), (2, 0, 5 * 8 * 16))  # the slot's output area
+            self.assertEqual(p.hidden_bytes, 5 * K * 2)
+            self.assertEqual(p.pieces, ((0, 320), (320, 160), (480, 160)))
+            arr = (ctypes.c_uint64 * 12)()
+            _, n = p.copies(arr, (1000, 2000, 0))  # no probs wanted: two pieces
+            self.assertEqual((n, list(arr[:6])), (2, [1000, 0, 320, 2000, 320, 160]))
+            full = ln.stream_plan(pb.FULL_LOGITS, 3, True, pb.FP32)
+            self.assertEqual((full.hidden_bytes, full.pieces), (3 * K * 4, ((0, 3 * VOCAB * 4),)))
+            self.assertEqual(lanemod._REQUEST.unpack(full.desc)[8], lanemod._FLAG_FENCE)  # float logits: no ids64
+            arg = ln.stream_plan(pb.ARGMAX, 2, False)
+            self.assertEqual(arg.pieces, ((0, 16), (16, 8), None))
+            for t in range(1500):  # a caller varying its temperature: the cache stays bounded
+                ln.stream_plan(pb.TOP_K, 1, False, 0, 4, False, 1.0 + t)
+            self.assertLessEqual(len(ln._plans), 1024)
+
     def _load_over_the_lane(self, concurrency, requests):
         """`drafthead-client load --lane=shm` (M = 3 TOP_K k = 4): its JSON report, no errors."""
         out = os.path.join(self.dir, f"lane{concurrency}.json")
