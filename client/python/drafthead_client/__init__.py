@@ -70,7 +70,7 @@ except ImportError:  # pragma: no cover
 
 from ._version import __version__
 from . import native_grpc
-from .lane import Lane, LaneAnswer, LaneUnavailable
+from .lane import Lane, LaneAnswer, LaneUnavailable, _nanos
 
 __all__ = ["RemoteDraftHead", "AsyncRemoteDraftHead", "DraftHeadError", "TopK", "Tokens", "bf16_to_float32",
            "float32_to_bf16", "DEFAULT_MAX_MESSAGE_BYTES", "pb", "pb_grpc", "__version__"]
@@ -601,7 +601,7 @@ class RemoteDraftHead(_HeadBase):
         chunk = max(1, info["max_rows"])
         first = min(rows, chunk)
         fp32 = x.dtype == torch.float32
-        timeout_ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        timeout_ns = _nanos(timeout)
         plan = lane.stream_plan(mode, first, fp32, logits_dtype, top_k, return_probs, temperature, seed, head)
         # The first chunk is published before the answers' tensors are allocated or the caller's
         # checked (the server computes meanwhile: a torch op costs microseconds of host time), then

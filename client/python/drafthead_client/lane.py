@@ -329,8 +329,7 @@ class Lane:
         if h is None:
             return
         msg = self._msg()
-        rc = self._lib.dh_lane_stream_synchronize(h, -1 if timeout is None else max(0, int(timeout * 1e9)), msg,
-                                                  len(msg))
+        rc = self._lib.dh_lane_stream_synchronize(h, _nanos(timeout), msg, len(msg))
         if rc != 0:
             self._raise(rc, msg)
 
@@ -454,8 +453,7 @@ class Lane:
                   req.return_probs, req.temperature, req.seed, _NO_SLICE, out)
         hidden = req.hidden
         msg = self._msg()
-        n = lib.dh_lane_call(h, d, hidden, len(hidden), -1 if timeout is None else max(0, int(timeout * 1e9)), msg,
-                             len(msg))
+        n = lib.dh_lane_call(h, d, hidden, len(hidden), _nanos(timeout), msg, len(msg))
         if n < 0:
             self._raise(-n, msg)
         slot = n % self._depth
