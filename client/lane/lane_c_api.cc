@@ -1,6 +1,7 @@
 #include "client/lane/lane_c_api.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <mutex>
@@ -19,7 +20,7 @@ using drafthead::lane::LaneRing;
 // destroy finds it closed (UNAVAILABLE, or an empty value) instead of freed memory.
 struct dh_lane {
   std::unique_ptr<LaneRing> ring;
-  std::unique_ptr<drafthead::lane::LaneCuda> cuda;  // goes first (it unregisters the ring's memory)
+  std::unique_ptr<drafthead::lane::LaneCuda> cuda;  // freed first (it unregisters the ring's memory)
   // kClosed | kFreed | the count: 1 for the owner until dh_lane_destroy, 1 for each thread inside
   // an entry, 1 for each answer held.
   std::atomic<uint64_t> state{1};
@@ -76,10 +77,6 @@ class Use {
 };
 
 const LaneError kClosedLane{14, "the lane is closed (dh_lane_destroy)"};
-
-}  // namespace
-
-namespace {
 
 int Report(const LaneError& e, char* msg, size_t msg_len) {
   if (msg != nullptr && msg_len > 0) {
