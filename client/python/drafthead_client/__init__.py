@@ -630,7 +630,8 @@ class RemoteDraftHead(_HeadBase):
     def _new_outs(self, lane: Lane, hidden: Any, mode: int, logits_dtype: int, top_k: int,
                   return_probs: bool) -> Tuple[Any, List[Tuple[int, int]]]:
         """The answers' tensors of a lane call in their final shapes (and nothing else: every torch
-        op costs host time), and _row_spans of them."""
+        op costs host time), and (address, bytes a row) of each as _row_spans gives them (made here
+        from the known element sizes: no torch call for them)."""
         dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
         if mode == pb.FULL_LOGITS:
             V = self.info()["vocab_size"]
