@@ -150,7 +150,6 @@ class LaneRing {
   // spinning stops at the end of its spin, one about to sleep within a sleep slice (20 ms).
   // Thread-safe; idempotent.
   void Close();
-  bool closed() const { return closed_.load(std::memory_order_acquire); }
   // Once the server is gone: every submission not yet answered is answered here with `why`
   // (done_seq written), so that a GPU stream waiting on one goes on instead of hanging.
   void FailOutstanding(const LaneError& why);

@@ -630,14 +630,14 @@ class RemoteDraftHead(_HeadBase):
     def _new_outs(self, lane: Lane, hidden: Any, mode: int, logits_dtype: int, top_k: int,
                   return_probs: bool) -> Tuple[Any, List[Tuple[int, int]]]:
         """The answers' tensors of a lane call in their final shapes (and nothing else: every torch
-        op costs host time), and (address, bytes a row) of each as _row_spans gives them (made here
-        from the known element sizes: no torch call for them)."""
+        op costs host time), and (address, bytes a row) of each as _row_spans gives them (for token
+        answers made here from the known element sizes: no torch call for them)."""
         dev, lead = lane.cuda_device, tuple(hidden.shape[:-1])
         if mode == pb.FULL_LOGITS:
             V = self.info()["vocab_size"]
             out = torch.empty(lead + (V,), dtype=torch.float32 if logits_dtype == pb.FP32 else torch.bfloat16,
                               device=dev)
-            return out, [(out.data_ptr(), V * out.element_size())]
+            return out, _row_spans([out], V)
         k = top_k if mode == pb.TOP_K else 1
         shape = lead + ((k,) if mode == pb.TOP_K else ())
         ids = torch.empty(shape, dtype=torch.int64, device=dev)

@@ -429,13 +429,6 @@ class Lane:
         if n < 0:
             self._raise(-n, msg)
 
-    def _answer_bytes(self, mode: int, rows: int, logits_dtype: int, top_k: int, return_probs: bool) -> int:
-        """The bytes of a call's answer in its slot's output area (what the descriptor's slice says)."""
-        pb = self._pb
-        if mode == pb.FULL_LOGITS:
-            return rows * self._vocab * (4 if logits_dtype == pb.FP32 else 2)
-        return rows * (top_k if mode == pb.TOP_K else 1) * (16 if return_probs else 12)
-
     def compute(self, req: Any, timeout: Optional[float]) -> "LaneAnswer":
         """One call: `req` (a pb.LogitsRequest, rows inline) through the lane, waiting up to `timeout`
         seconds (None: no limit); returns its LaneAnswer (an in-band error raises). One C call
@@ -505,16 +498,17 @@ class StreamPlan:
     def __init__(self, lane: "Lane", mode: int, rows: int, fp32_rows: bool, logits_dtype: int, top_k: int,
                  return_probs: bool, temperature: float, seed: int, head: int, request_id: int):
         pb = lane._pb
-        out_bytes = lane._answer_bytes(mode, rows, logits_dtype, top_k, return_probs)
+        if mode == pb.FULL_LOGITS:
+            self.pieces: "tuple[Optional[tuple[int, int]], ...]" = (
+                (0, rows * lane._vocab * (4 if logits_dtype == pb.FP32 else 2)),)
+        else:
+            m = rows * (top_k if mode == pb.TOP_K else 1)
+            self.pieces = ((0, 8 * m), (8 * m, 4 * m), (12 * m, 4 * m) if return_probs else None)
+        out_bytes = sum(p[1] for p in self.pieces if p is not None)  # the answer: its pieces back to back
         self.hidden_bytes = rows * lane._hidden_size * (4 if fp32_rows else 2)
         self.desc = _pack(request_id, rows, pb.FP32 if fp32_rows else pb.BF16, mode, logits_dtype, head, top_k,
                           return_probs, temperature, seed, _NO_SLICE, (2, 0, out_bytes), fence=True,
                           ids64=mode != pb.FULL_LOGITS)
-        if mode == pb.FULL_LOGITS:
-            self.pieces: "tuple[Optional[tuple[int, int]], ...]" = ((0, out_bytes),)
-        else:
-            m = rows * (top_k if mode == pb.TOP_K else 1)
-            self.pieces = ((0, 8 * m), (8 * m, 4 * m), (12 * m, 4 * m) if return_probs else None)
 
     def copies(self, array: Any, out_ptrs: "tuple[int, ...]") -> "tuple[Any, int]":
         """The library's (destination, offset, bytes) triples for out_ptrs (one address a piece; 0 or
