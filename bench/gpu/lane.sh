@@ -32,6 +32,9 @@
 #         alternating on one server): c=1 M=5 TOP_K k=8 and M=1 ARGMAX (issue 21, session 12's change).
 # spin64: c=64 M=5 TOP_K over one lane of depth 64, spin budget automatic / 20 us / 0 (64 caller
 #         threads spinning on 16 cores may take the server's; issue 22's c=64 target).
+# batches: c=64 M=5 TOP_K k=8, gRPC and the lane, from the server's /metrics over each run
+#         (bench/gpu/metrics_delta.py): rows a batch, the GPU stages' share of the wall time,
+#         the share launched ahead; whether the c=64 batches run back to back (issue 22: 83 % of 85 %).
 # Server: tp=1 --comm=nccl, full vocabulary (129280 x 5120), synthetic weights. SECS per point (2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -116,9 +119,28 @@ cpp_p50() {  # WAY LABEL: the C++ load tester's p50 of c=1 M=5 TOP_K k=8 (--lane
     --rows=5 --mode=topk --k=8 >/dev/null 2>&1 && python3 -c "import json,sys; print('C++ load tester, $2 M=5 TOP_K k=8 p50 us:', round(json.load(open(sys.argv[1]))['runs'][0]['latency_us']['p50']))" "$tmp/c.json"
 }
 
-server_tp1() {  # [PROGRAM LOG]: this bundle's server by default
+server_tp1() {  # [PROGRAM LOG]: this bundle's server by default; its /metrics on 127.0.0.1:$mport
+  mport=$(port_pick)
   serve "${1:-$srv}" "${2:-$tmp/tp1.log}" --tp=1 --backend=cuda --comm=nccl --synthetic=1 \
-    --shared-memory=system,cuda --lanes=8 --max-rows=64
+    --shared-memory=system,cuda --lanes=8 --max-rows=64 --metrics-listen=127.0.0.1:$mport
+}
+
+batches_table() {  # TITLE: c=64 runs between two /metrics scrapes each (metrics_delta.py)
+  echo; echo "### c=64 M=5 TOP_K k=8 batches from the server's /metrics, $1"
+  python3 bench/gpu/metrics_delta.py header
+  for r in $(seq "$rounds"); do
+    for way in off shm; do
+      local extra=()
+      [ $way = off ] && extra=(--connections=4)
+      "$cli" load --target=127.0.0.1:$port --lane=$way --rows=5 --mode=topk --k=8 --concurrency=64 "${extra[@]}" \
+        --warmup=0s --duration=1s --quiet >/dev/null 2>&1  # warm: the window below starts loaded
+      python3 bench/gpu/metrics_delta.py snap 127.0.0.1:$mport "$tmp/m0.json" || return
+      "$cli" load --target=127.0.0.1:$port --lane=$way --rows=5 --mode=topk --k=8 --concurrency=64 "${extra[@]}" \
+        --warmup=0s --duration=${secs}s --quiet >/dev/null 2>&1 || echo "| $way | the load run failed |"
+      python3 bench/gpu/metrics_delta.py snap 127.0.0.1:$mport "$tmp/m1.json" || return
+      python3 bench/gpu/metrics_delta.py delta "$tmp/m0.json" "$tmp/m1.json" "$way"
+    done
+  done
 }
 
 spin_table() {  # TITLE
@@ -137,6 +159,7 @@ run_set() {  # TITLE
     if want cpp; then cpp_table "tp=1 nccl, full vocabulary, $1"; stamp "cpp $1"; fi
     if want spin; then spin_table "tp=1 nccl, full vocabulary, $1"; stamp "spin $1"; fi
     if want spin64; then spin64_table "tp=1 nccl, full vocabulary, $1"; stamp "spin64 $1"; fi
+    if want batches; then batches_table "tp=1 nccl, full vocabulary, $1"; stamp "batches $1"; fi
     if want python; then
       echo
       timeout 240 python3 bench/gpu/lane_python_bench.py --target=127.0.0.1:$port --rounds="$rounds" --seconds=1 \
