@@ -128,15 +128,17 @@ server_tp1() {  # [PROGRAM LOG]: this bundle's server by default; its /metrics o
 batches_table() {  # TITLE: c=64 runs between two /metrics scrapes each (metrics_delta.py)
   echo; echo "### c=64 M=5 TOP_K k=8 batches from the server's /metrics, $1"
   python3 bench/gpu/metrics_delta.py header
+  load64() {  # WAY SECONDS
+    local extra=()
+    [ "$1" = off ] && extra=(--connections=4)
+    "$cli" load --target=127.0.0.1:$port --lane=$1 --rows=5 --mode=topk --k=8 --concurrency=64 "${extra[@]}" \
+      --warmup=0s --duration=${2}s --quiet >/dev/null 2>&1
+  }
   for r in $(seq "$rounds"); do
     for way in off shm; do
-      local extra=()
-      [ $way = off ] && extra=(--connections=4)
-      "$cli" load --target=127.0.0.1:$port --lane=$way --rows=5 --mode=topk --k=8 --concurrency=64 "${extra[@]}" \
-        --warmup=0s --duration=1s --quiet >/dev/null 2>&1  # warm: the window below starts loaded
+      load64 $way 1  # warm: the window below starts loaded
       python3 bench/gpu/metrics_delta.py snap 127.0.0.1:$mport "$tmp/m0.json" || return
-      "$cli" load --target=127.0.0.1:$port --lane=$way --rows=5 --mode=topk --k=8 --concurrency=64 "${extra[@]}" \
-        --warmup=0s --duration=${secs}s --quiet >/dev/null 2>&1 || echo "| $way | the load run failed |"
+      load64 $way "$secs" || echo "| $way | the load run failed |"
       python3 bench/gpu/metrics_delta.py snap 127.0.0.1:$mport "$tmp/m1.json" || return
       python3 bench/gpu/metrics_delta.py delta "$tmp/m0.json" "$tmp/m1.json" "$way"
     done
