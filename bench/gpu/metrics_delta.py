@@ -6,9 +6,10 @@ question: are the GPU's batches back to back, and how full are they).
     metrics_delta.py delta BEFORE AFTER LABEL      # one Markdown row of the window between them
 
 The row: batches, rows a batch, rows/s, the share of the window's wall time the server spent in
-compute and in each GPU stage (gemv, epilogue, h2d, d2h: their event times summed; near 1.0 means
-the GPU was never idle), per batch in us, and the share of batches launched ahead of the one
-running (BatchLoop's launch-ahead; the rest waited for the host)."""
+compute and in each GPU stage (gemv, epilogue, h2d, d2h: their event times summed), per batch in
+us, and the share of batches launched ahead of the one running (BatchLoop's launch-ahead; the rest
+waited for the host). gemv + epilogue + d2h is the step stream's busy share (near 1.0: it never
+waits); a step launched ahead uploads on the copy stream beside the GEMV, so h2d overlaps them."""
 import json
 import sys
 import time
