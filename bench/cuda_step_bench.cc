@@ -2,7 +2,8 @@
 // host in, host out, synchronised), for the backend's step variants side by side in one run, against
 // the GEMV alone launched the same way (a one-kernel graph and a stream synchronisation). Prints
 // markdown tables: host-observed p50 / p90 / p99 per step, the backend's stage p50s, and the
-// step's cost beyond the GEMV (issue 22: compute <= GEMV + 20 us at c = 1).
+// step's cost beyond the GEMV (issue 22: compute <= GEMV + 20 us at c = 1); then steps pipelined two
+// in flight as under load, their period against the GEMV's launched back to back (issue 22: c = 64).
 // Usage: drafthead-bench-step [--iters=N] [--vocab=129280] [--hidden=5120]
 // Synthetic weights (random e4m3 codes, one scale); tp = 1 (the whole vocabulary on one GPU).
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@
 namespace {
 
 using namespace drafthead;
+constexpr int kBackToBack = 200;
 using Clock = std::chrono::steady_clock;
 
 #define CK(expr)                                                                     \
@@ -83,6 +85,7 @@ struct Variant {
   bool graphs, upload_kernel, timing_off_path;
   size_t direct_max;
   int carveout = -1;  // BackendOptions::cuda_smem_carveout
+  bool stage_events = true, upload_aside = true;
 };
 
 BatchControl Control(const Point& p) {
@@ -106,6 +109,31 @@ BatchControl Control(const Point& p) {
 void FillRows(uint16_t* x, int m, int64_t k) {
   for (int64_t i = 0; i < m * k; ++i)
     x[i] = FloatToBf16(static_cast<float>(static_cast<int64_t>(Mix(i) % 2001) - 1000) / 1000.f);
+}
+
+// The variant's backend with the twin loaded; nullptr (after a message) on failure.
+std::unique_ptr<ComputeBackend> MakeBackend(const Variant& v, const ShardWeights& twin) {
+  BackendOptions o;
+  o.device = 0;
+  o.max_rows = 64;
+  o.cuda_graphs = v.graphs;
+  o.cuda_upload_by_kernel = v.upload_kernel;
+  o.cuda_timing_off_path = v.timing_off_path;
+  o.cuda_direct_payload_max = v.direct_max;
+  o.cuda_smem_carveout = v.carveout;
+  o.cuda_stage_events = v.stage_events;
+  o.cuda_upload_aside = v.upload_aside;
+  auto be = MakeCudaBackend(o, 0);
+  if (!be.ok()) {
+    std::fprintf(stderr, "backend: %s\n", std::string(be.status().message()).c_str());
+    return nullptr;
+  }
+  ShardWeights w = twin;
+  if (auto r = (*be)->Load(std::move(w)); !r.ok()) {
+    std::fprintf(stderr, "load: %s\n", std::string(r.status().message()).c_str());
+    return nullptr;
+  }
+  return std::move(*be);
 }
 
 }  // namespace
@@ -139,6 +167,7 @@ int main(int argc, char** argv) {
   // The GEMV alone, as an in-process caller at c = 1 runs it: a graph of the one kernel, launched,
   // then the stream synchronised (host-observed), and its device time from events around it.
   std::vector<double> gemv_alone(points.size());
+  std::vector<double> gemv_b2b(points.size());  // device us a GEMV, its graph launched back to back
   {
     const int64_t S = twin.geo.shard_rows, K = hidden;
     uint8_t* packed = nullptr;
@@ -163,7 +192,8 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    std::printf("\n| GEMV alone | host p50 us (graph launch + sync) | device p50 us (events) |\n| --- | --- | --- |\n");
+    std::printf("\n| GEMV alone | host p50 us (graph launch + sync) | device p50 us (events) | device us a GEMV, %d back to back |\n"
+                "| --- | --- | --- | --- |\n", kBackToBack);
     for (size_t pi = 0; pi < points.size(); ++pi) {
       const int m = points[pi].m;
       cudaGraph_t g;
@@ -188,7 +218,18 @@ int main(int argc, char** argv) {
         }
       }
       gemv_alone[pi] = Pct(host, 0.5);
-      std::printf("| M=%d | %.1f | %.1f |\n", m, gemv_alone[pi], Pct(dev, 0.5));
+      std::vector<double> b2b;  // the period of a GEMV with nothing between them but the graph launches
+      for (int r = 0; r < 6; ++r) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < kBackToBack; ++i) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0) b2b.push_back(ms * 1e3 / kBackToBack);
+      }
+      gemv_b2b[pi] = Pct(b2b, 0.5);
+      std::printf("| M=%d | %.1f | %.1f | %.1f |\n", m, gemv_alone[pi], Pct(dev, 0.5), gemv_b2b[pi]);
       cudaGraphExecDestroy(ge);
       cudaGraphDestroy(g);
     }
@@ -211,25 +252,9 @@ int main(int argc, char** argv) {
   // the machine's speed falls on all alike).
   std::vector<std::unique_ptr<ComputeBackend>> backends;
   for (const Variant& v : variants) {
-    BackendOptions o;
-    o.device = 0;
-    o.max_rows = 64;
-    o.cuda_graphs = v.graphs;
-    o.cuda_upload_by_kernel = v.upload_kernel;
-    o.cuda_timing_off_path = v.timing_off_path;
-    o.cuda_direct_payload_max = v.direct_max;
-    o.cuda_smem_carveout = v.carveout;
-    auto be = MakeCudaBackend(o, 0);
-    if (!be.ok()) {
-      std::fprintf(stderr, "backend: %s\n", std::string(be.status().message()).c_str());
-      return 1;
-    }
-    ShardWeights w = twin;
-    if (auto r = (*be)->Load(std::move(w)); !r.ok()) {
-      std::fprintf(stderr, "load: %s\n", std::string(r.status().message()).c_str());
-      return 1;
-    }
-    backends.push_back(std::move(*be));
+    auto be = MakeBackend(v, twin);
+    if (be == nullptr) return 1;
+    backends.push_back(std::move(be));
   }
   std::printf("\n| step variant | point | p50 us | p90 | p99 | p50 - GEMV alone | h2d | gemv | epilogue | d2h | graph |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
@@ -283,6 +308,70 @@ int main(int argc, char** argv) {
                   variants[vi].label, p.label, Pct(a.host, 0.5), Pct(a.host, 0.9),
                   Pct(a.host, 0.99), Pct(a.host, 0.5) - gemv_alone[pi], Pct(a.h2d, 0.5),
                   Pct(a.gemv, 0.5), Pct(a.epi, 0.5), Pct(a.d2h, 0.5), a.graphed ? "yes" : "no");
+    }
+    std::fflush(stdout);
+  }
+
+  // Two steps in flight, as the server's batch loop keeps them under load (RankEngine::RunBatch):
+  // each Finish launches the next step from its while_running. The period a step against the
+  // GEMV and the epilogue alone says what lies between the steps on the GPU.
+  const std::vector<Variant> piped = {
+      {"default (upload aside, events off chain)", true, true, true, 64 * 1024},
+      {"events in chain", true, true, false, 64 * 1024},
+      {"no stage events", true, true, true, 64 * 1024, -1, false},
+      {"upload in the step", true, true, true, 64 * 1024, -1, true, false},
+      {"upload in the step, no stage events", true, true, true, 64 * 1024, -1, false, false},
+      {"no graphs", false, true, true, 64 * 1024},
+  };
+  backends.clear();
+  for (const Variant& v : piped) {
+    auto be = MakeBackend(v, twin);
+    if (be == nullptr) return 1;
+    backends.push_back(std::move(be));
+  }
+  std::printf("\n| pipelined step variant | point | period p50 us | p90 | gemv + epilogue + d2h p50 | between steps | vs GEMV back to back |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Point& p : points) {
+    if (p.mode != RowMode::kTopK) continue;
+    const BatchControl ctl = Control(p);
+    const double floor = gemv_b2b[&p - points.data()];
+    for (auto& be : backends) FillRows(be->InputRows(p.m), p.m, hidden);
+    std::vector<std::vector<double>> period(piped.size()), busy(piped.size());
+    for (int done = -kRound; done < iters; done += kRound) {
+      for (size_t vi = 0; vi < piped.size(); ++vi) {
+        ComputeBackend& be = *backends[vi];
+        absl::Status launched;
+        auto launch = [&] {
+          uint16_t* in = be.InputRows(p.m);  // the rows stay there between steps
+          launched = in == nullptr ? absl::InternalError("InputRows failed")
+                                   : be.Launch(ctl, in, MemorySpace::kHost);
+        };
+        launch();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < kRound && launched.ok(); ++i) {
+          const absl::Status s = be.Finish(i + 1 < kRound ? std::function<void()>(launch) : nullptr).status();
+          if (!s.ok()) launched = s;
+          const StageTimes st = be.stage_times();
+          if (done >= 0) busy[vi].push_back(st.gemv_us + st.epilogue_us + st.d2h_us);
+        }
+        if (!launched.ok()) {
+          std::fprintf(stderr, "%s %s: %s\n", piped[vi].label, p.label,
+                       std::string(launched.message()).c_str());
+          return 1;
+        }
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+        if (done >= 0) period[vi].push_back(us / kRound);
+      }
+    }
+    for (size_t vi = 0; vi < piped.size(); ++vi) {
+      const double per = Pct(period[vi], 0.5), b = Pct(busy[vi], 0.5);
+      char busy_s[32] = "-", gap_s[32] = "-";  // untimed variants have no stage times
+      if (piped[vi].stage_events) {
+        std::snprintf(busy_s, sizeof busy_s, "%.0f", b);
+        std::snprintf(gap_s, sizeof gap_s, "%.1f", per - b);
+      }
+      std::printf("| %s | %s | %.1f | %.1f | %s | %s | %.3f |\n", piped[vi].label, p.label, per,
+                  Pct(period[vi], 0.9), busy_s, gap_s, per / floor);
     }
     std::fflush(stdout);
   }

@@ -489,20 +489,24 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
 // race would mix two batches' rows), graphs on (the H2D inside the graph) and off; and the last
 // batch's host payload, which the completer answers from meanwhile, must stay as it was. With
 // launch_ahead the next batch is also launched there, behind the running one (--launch-ahead), its
-// rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step.
+// rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step;
+// with the stage events off (only the events Finish waits on), every stage time is 0.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
   struct Way {
-    bool graphs, launch_ahead, aside;
+    bool graphs, launch_ahead, aside, events = true;
   };
-  for (auto [graphs, launch_ahead, aside] : {Way{true, false, true}, Way{false, false, true}, Way{true, true, true},
-                                             Way{false, true, true}, Way{true, true, false}, Way{false, true, false}}) {
+  for (auto [graphs, launch_ahead, aside, events] :
+       {Way{true, false, true}, Way{false, false, true}, Way{true, true, true}, Way{false, true, true},
+        Way{true, true, false}, Way{false, true, false}, Way{true, true, true, false},
+        Way{true, true, false, false}, Way{false, true, true, false}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
     opt.cuda_upload_aside = aside;
+    opt.cuda_stage_events = events;
     opt.max_rows = 64;
     auto be = MakeCudaBackend(opt, 0);
     ASSERT_TRUE(be.ok()) << be.status();
@@ -558,6 +562,10 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       });
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(calls, 1);
+      const StageTimes st = (*be)->stage_times();
+      if (!events) {
+        EXPECT_EQ(st.h2d_us + st.gemv_us + st.epilogue_us + st.d2h_us, 0u);
+      }
       // Each row's answer bytes (not the blocks' alignment padding, which no kernel writes).
       auto check = [&](const uint8_t* p, size_t of, const char* what) {
         const BatchControl c = ctl_of(chain[of]);
@@ -571,7 +579,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
           ASSERT_LE(off + answer, chain[of].alone.size());
           EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
               << what << " batch " << of << " row " << i << ", graphs " << graphs << ", launch ahead "
-              << launch_ahead << ", aside " << aside;
+              << launch_ahead << ", aside " << aside << ", stage events " << events;
         }
       };
       const auto* p = static_cast<const uint8_t*>(*out);

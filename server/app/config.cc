@@ -55,6 +55,10 @@ ABSL_FLAG(bool, cuda_upload_aside, true,
           "CUDA backend: a batch launched behind another uploads its rows by the copy engine on a "
           "second stream, during the other's GEMV (false: by a kernel on the one stream, after the "
           "other's epilogue)");
+ABSL_FLAG(bool, cuda_stage_events, true,
+          "CUDA backend: time each batch's stages (h2d, gemv, epilogue, d2h) with CUDA events, for "
+          "the metrics and the responses' timing (false: those read 0; only the events the batch "
+          "loop waits on are recorded)");
 ABSL_FLAG(std::string, unary_api, "callback",
           "gRPC API of the unary ComputeLogits: callback (a callback pool thread runs each call) or "
           "sync (the thread that polled the call runs it: one thread hand-off less, a thread blocked "
@@ -158,6 +162,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.keep_bf16 = absl::GetFlag(FLAGS_keep_bf16);
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.cuda_upload_aside = absl::GetFlag(FLAGS_cuda_upload_aside);
+  c.backend_options.cuda_stage_events = absl::GetFlag(FLAGS_cuda_stage_events);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);

@@ -10,7 +10,7 @@
 // epilogue into pinned memory when small, else one download; one stream synchronization per Run.
 // FULL_LOGITS rows bound for device memory (BatchControl::device_out: a caller's CUDA region) are
 // copied there from the device payload after the step, and left out of the download.
-// Events between the stages time them (stage_times). The step's launches are captured once per
+// Events between the stages time them (stage_times; zeros with cuda_stage_events off). The step's launches are captured once per
 // shape (rows, epilogue kernels, bytes back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS
 // rows run eagerly); the kernels are programmatic dependents of the one before
 // (kernels/cuda/dependent_launch.cuh).
@@ -315,7 +315,7 @@ class CudaBackend : public ComputeBackend {
     const cudaEvent_t last = step.rows_out ? ev[kOutsDone] : ev[4];
     DH_CUDA_CHECK(cudaEventSynchronize(last));
     float ms[4] = {};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < (opts_.cuda_stage_events ? 4 : 0); ++i) {
       // An upload aside ends on upload_: the GEMV's time starts where stream_ took the step up.
       // The copy stage ends after the rows copied out, when there were any.
       cudaEvent_t from = i == 1 && step.upload_aside ? ev[kGemvStart] : ev[i];
@@ -481,6 +481,8 @@ class CudaBackend : public ComputeBackend {
     const bool branch = capturing && opts_.cuda_timing_off_path;
     const cuda::ScopedSharedCarveout carveout(opts_.cuda_smem_carveout);
     auto stamp = [&](int i) -> absl::Status {
+      // Untimed, only the events Finish waits on: after the H2D (the upload buffer free) and last.
+      if (!opts_.cuda_stage_events && i != 1 && i != 4) return absl::OkStatus();
       if (branch && i > 0 && i < 4) {
         DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
         DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
@@ -497,7 +499,8 @@ class CudaBackend : public ComputeBackend {
     const DeviceMem& dstage = dstages_[s.buffer];
     if (s.upload_aside) {
       // The upload went ahead on upload_ (LaunchStep); the chain starts at the GEMV.
-      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream_, record_flags_));
+      if (opts_.cuda_stage_events)
+        DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream_, record_flags_));
     } else {
       DH_RETURN_IF_ERROR(stamp(0));
       auto* up_dst = static_cast<uint8_t*>(dstage.p) + s.upload_from;
@@ -553,7 +556,7 @@ class CudaBackend : public ComputeBackend {
     *graphed = false;
     if (s.upload_aside) {
       cudaEvent_t* ev = events_[s.slot];
-      DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
+      if (opts_.cuda_stage_events) DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
       DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[s.buffer].p, stage_.p, s.stage_bytes,
                                     cudaMemcpyHostToDevice, upload_));
       DH_CUDA_CHECK(cudaEventRecord(ev[1], upload_));
