@@ -322,6 +322,7 @@ int main(int argc, char** argv) {
       {"upload in the step", true, true, true, 64 * 1024, -1, true, false},
       {"upload in the step, no stage events", true, true, true, 64 * 1024, -1, false, false},
       {"no graphs", false, true, true, 64 * 1024},
+      {"no graphs, no stage events", false, true, true, 64 * 1024, -1, false},
   };
   backends.clear();
   for (const Variant& v : piped) {
@@ -329,14 +330,15 @@ int main(int argc, char** argv) {
     if (be == nullptr) return 1;
     backends.push_back(std::move(be));
   }
-  std::printf("\n| pipelined step variant | point | period p50 us | p90 | gemv + epilogue + d2h p50 | between steps | vs GEMV back to back |\n"
-              "| --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("\n| pipelined step variant | point | period p50 us | p90 | gemv + epilogue + d2h p50 | between steps | vs GEMV back to back | graph |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Point& p : points) {
     if (p.mode != RowMode::kTopK) continue;
     const BatchControl ctl = Control(p);
     const double floor = gemv_b2b[&p - points.data()];
     for (auto& be : backends) FillRows(be->InputRows(p.m), p.m, hidden);
     std::vector<std::vector<double>> period(piped.size()), busy(piped.size());
+    std::vector<bool> graphed(piped.size(), true);
     for (int done = -kRound; done < iters; done += kRound) {
       for (size_t vi = 0; vi < piped.size(); ++vi) {
         ComputeBackend& be = *backends[vi];
@@ -353,6 +355,7 @@ int main(int argc, char** argv) {
           if (!s.ok()) launched = s;
           const StageTimes st = be.stage_times();
           if (done >= 0) busy[vi].push_back(st.gemv_us + st.epilogue_us + st.d2h_us);
+          if (done >= 0 && !st.graph) graphed[vi] = false;
         }
         if (!launched.ok()) {
           std::fprintf(stderr, "%s %s: %s\n", piped[vi].label, p.label,
@@ -370,8 +373,8 @@ int main(int argc, char** argv) {
         std::snprintf(busy_s, sizeof busy_s, "%.0f", b);
         std::snprintf(gap_s, sizeof gap_s, "%.1f", per - b);
       }
-      std::printf("| %s | %s | %.1f | %.1f | %s | %s | %.3f |\n", piped[vi].label, p.label, per,
-                  Pct(period[vi], 0.9), busy_s, gap_s, per / floor);
+      std::printf("| %s | %s | %.1f | %.1f | %s | %s | %.3f | %s |\n", piped[vi].label, p.label, per,
+                  Pct(period[vi], 0.9), busy_s, gap_s, per / floor, graphed[vi] ? "yes" : "no");
     }
     std::fflush(stdout);
   }

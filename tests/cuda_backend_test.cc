@@ -566,6 +566,8 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       if (!events) {
         EXPECT_EQ(st.h2d_us + st.gemv_us + st.epilogue_us + st.d2h_us, 0u);
       }
+      EXPECT_EQ(st.graph, graphs) << "batch " << b << ", launch ahead " << launch_ahead << ", aside "
+                                  << aside << ", stage events " << events;  // captured, not run eagerly
       // Each row's answer bytes (not the blocks' alignment padding, which no kernel writes).
       auto check = [&](const uint8_t* p, size_t of, const char* what) {
         const BatchControl c = ctl_of(chain[of]);

@@ -480,6 +480,7 @@ class CudaBackend : public ComputeBackend {
     const bool capturing = record_flags_ == cudaEventRecordExternal;
     const bool branch = capturing && opts_.cuda_timing_off_path;
     const cuda::ScopedSharedCarveout carveout(opts_.cuda_smem_carveout);
+    bool forked = false;  // the side branch has events to join
     auto stamp = [&](int i) -> absl::Status {
       // Untimed, only the events Finish waits on: after the H2D (the upload buffer free) and last.
       if (!opts_.cuda_stage_events && i != 1 && i != 4) return absl::OkStatus();
@@ -487,9 +488,10 @@ class CudaBackend : public ComputeBackend {
         DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
         DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
         DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], side_, record_flags_));
+        forked = true;
         return absl::OkStatus();
       }
-      if (branch && i == 4) {  // the side branch joins the chain before the capture ends
+      if (forked && i == 4) {  // the side branch joins the chain before the capture ends
         DH_CUDA_CHECK(cudaEventRecord(forks_[3], side_));
         DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, forks_[3], 0));
       }
