@@ -85,7 +85,7 @@ struct Variant {
   bool graphs, upload_kernel, timing_off_path;
   size_t direct_max;
   int carveout = -1;  // BackendOptions::cuda_smem_carveout
-  bool stage_events = true, upload_aside = true;
+  bool stage_events = true, upload_aside = true, overlap_steps = false;
 };
 
 BatchControl Control(const Point& p) {
@@ -123,6 +123,7 @@ std::unique_ptr<ComputeBackend> MakeBackend(const Variant& v, const ShardWeights
   o.cuda_smem_carveout = v.carveout;
   o.cuda_stage_events = v.stage_events;
   o.cuda_upload_aside = v.upload_aside;
+  o.cuda_overlap_steps = v.overlap_steps;
   auto be = MakeCudaBackend(o, 0);
   if (!be.ok()) {
     std::fprintf(stderr, "backend: %s\n", std::string(be.status().message()).c_str());
@@ -323,6 +324,9 @@ int main(int argc, char** argv) {
       {"upload in the step, no stage events", true, true, true, 64 * 1024, -1, false, false},
       {"no graphs", false, true, true, 64 * 1024},
       {"no graphs, no stage events", false, true, true, 64 * 1024, -1, false},
+      {"overlap steps", true, true, true, 64 * 1024, -1, true, true, true},
+      {"overlap steps, no stage events", true, true, true, 64 * 1024, -1, false, true, true},
+      {"overlap steps, no graphs, no stage events", false, true, true, 64 * 1024, -1, false, true, true},
   };
   backends.clear();
   for (const Variant& v : piped) {

@@ -490,23 +490,27 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
 // batch's host payload, which the completer answers from meanwhile, must stay as it was. With
 // launch_ahead the next batch is also launched there, behind the running one (--launch-ahead), its
 // rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step;
-// with the stage events off (only the events Finish waits on), every stage time is 0.
+// with the stage events off (only the events Finish waits on), every stage time is 0; with
+// overlap_steps the step behind runs on a second stream, at the same time as the other's epilogue.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
   struct Way {
-    bool graphs, launch_ahead, aside, events = true;
+    bool graphs, launch_ahead, aside, events = true, overlap = false;
   };
-  for (auto [graphs, launch_ahead, aside, events] :
+  for (auto [graphs, launch_ahead, aside, events, overlap] :
        {Way{true, false, true}, Way{false, false, true}, Way{true, true, true}, Way{false, true, true},
         Way{true, true, false}, Way{false, true, false}, Way{true, true, true, false},
-        Way{true, true, false, false}, Way{false, true, true, false}}) {
+        Way{true, true, false, false}, Way{false, true, true, false}, Way{true, true, true, true, true},
+        Way{false, true, true, true, true}, Way{true, true, false, true, true},
+        Way{true, true, true, false, true}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
     opt.cuda_upload_aside = aside;
     opt.cuda_stage_events = events;
+    opt.cuda_overlap_steps = overlap;
     opt.max_rows = 64;
     auto be = MakeCudaBackend(opt, 0);
     ASSERT_TRUE(be.ok()) << be.status();
@@ -567,7 +571,8 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
         EXPECT_EQ(st.h2d_us + st.gemv_us + st.epilogue_us + st.d2h_us, 0u);
       }
       EXPECT_EQ(st.graph, graphs) << "batch " << b << ", launch ahead " << launch_ahead << ", aside "
-                                  << aside << ", stage events " << events;  // captured, not run eagerly
+                                  << aside << ", stage events " << events << ", overlap "
+                                  << overlap;  // captured, not run eagerly
       // Each row's answer bytes (not the blocks' alignment padding, which no kernel writes).
       auto check = [&](const uint8_t* p, size_t of, const char* what) {
         const BatchControl c = ctl_of(chain[of]);
@@ -581,7 +586,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
           ASSERT_LE(off + answer, chain[of].alone.size());
           EXPECT_TRUE(std::equal(p + off, p + off + answer, chain[of].alone.begin() + off))
               << what << " batch " << of << " row " << i << ", graphs " << graphs << ", launch ahead "
-              << launch_ahead << ", aside " << aside << ", stage events " << events;
+              << launch_ahead << ", aside " << aside << ", stage events " << events << ", overlap " << overlap;
         }
       };
       const auto* p = static_cast<const uint8_t*>(*out);

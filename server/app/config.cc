@@ -55,6 +55,10 @@ ABSL_FLAG(bool, cuda_upload_aside, true,
           "CUDA backend: a batch launched behind another uploads its rows by the copy engine on a "
           "second stream, during the other's GEMV (false: by a kernel on the one stream, after the "
           "other's epilogue)");
+ABSL_FLAG(bool, cuda_overlap_steps, false,
+          "CUDA backend: a batch launched behind another runs on a second stream with its own logits "
+          "and scratch buffers, so that its GEMV may start while the other's epilogue runs (false: "
+          "behind it on one stream). Its gemv stage time then counts from its launch");
 ABSL_FLAG(bool, cuda_stage_events, true,
           "CUDA backend: time each batch's stages (h2d, gemv, epilogue, d2h) with CUDA events, for "
           "the metrics and the responses' timing (false: those read 0; only the events the batch "
@@ -163,6 +167,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.cuda_upload_aside = absl::GetFlag(FLAGS_cuda_upload_aside);
   c.backend_options.cuda_stage_events = absl::GetFlag(FLAGS_cuda_stage_events);
+  c.backend_options.cuda_overlap_steps = absl::GetFlag(FLAGS_cuda_overlap_steps);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
   c.backend_options.threads = absl::GetFlag(FLAGS_threads);

@@ -2,7 +2,9 @@
 // Device memory holds the fp8 twin (built on the GPU from the bf16 shard, or uploaded from
 // --twin), optionally the bf16 shard (--keep-bf16), and work buffers sized at Load for
 // --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
-// batch, the payload. Host traffic goes through pinned staging buffers: one upload of (x rows
+// batch, the payload, two of each (a step launched behind another uses the other; with
+// cuda_overlap_steps it runs on a second stream, its GEMV free to start during the first one's
+// epilogue). Host traffic goes through pinned staging buffers: one upload of (x rows
 // grouped by head + the per-row epilogue descriptors; only the descriptors when a group's rows
 // arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine;
 // for a step launched behind another, the copy engine on a second stream into the other of two
@@ -23,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -94,6 +97,7 @@ class CudaBackend : public ComputeBackend {
       if (e) cudaEventDestroy(e);
     if (side_) cudaStreamDestroy(side_);
     if (upload_) cudaStreamDestroy(upload_);
+    if (stream1_) cudaStreamDestroy(stream1_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -117,6 +121,7 @@ class CudaBackend : public ComputeBackend {
       for (cudaEvent_t& e : step_events) DH_CUDA_CHECK(cudaEventCreate(&e));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     DH_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
+    if (opts_.cuda_overlap_steps) DH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream1_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : forks_) DH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return absl::OkStatus();
   }
@@ -260,9 +265,11 @@ class CudaBackend : public ComputeBackend {
     step.desc_off = desc_off;
     step.upload_from = x_on_device ? desc_off : 0;
     // Behind a step in flight, the rows go to the other device buffer by the copy engine on
-    // upload_, overlapping that step's GEMV (on stream_ they would wait for its epilogue). Every
-    // step before the one in flight has finished (Finish waited for it; at most two launched), so
-    // the other buffer is free. A step alone uses buffer 0 (DeviceRows' and UploadRows').
+    // upload_, overlapping that step's GEMV (on the one stream they would wait for its epilogue),
+    // and the step uses that buffer's logits, payload and scratch (and with cuda_overlap_steps its
+    // stream). Every step before the one in flight has finished (Finish waited for it; at most two
+    // launched), so the other buffer is free. A step alone uses buffer 0 (DeviceRows' and
+    // UploadRows').
     if (!launched_.empty()) {
       step.buffer = 1 - launched_.back().buffer;
       step.upload_aside = opts_.cuda_upload_aside;
@@ -285,10 +292,11 @@ class CudaBackend : public ComputeBackend {
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
     if (ctl.device_outs > 0) {
       // After the step (its graph holds no caller's addresses), before its last event.
-      absl::Status out = CopyRowsOut(ctl, layout);
-      if (out.ok()) out = DH_CUDA_STATUS(cudaEventRecord(events_[step.slot][kOutsDone], stream_), rank_);
+      absl::Status out = CopyRowsOut(ctl, layout, step.buffer);
+      if (out.ok())
+        out = DH_CUDA_STATUS(cudaEventRecord(events_[step.slot][kOutsDone], StepStream(step.buffer)), rank_);
       if (!out.ok()) {
-        (void)cudaStreamSynchronize(stream_);  // a failed Launch leaves nothing in flight
+        (void)cudaStreamSynchronize(StepStream(step.buffer));  // a failed Launch leaves nothing in flight
         return out;
       }
       launched.rows_out = true;
@@ -337,7 +345,7 @@ class CudaBackend : public ComputeBackend {
     times_.d2h_us = us(ms[3]);
     times_.graph = step.graphed;
     return static_cast<const void*>(step.space == MemorySpace::kHost ? hpayloads_[step.slot].p
-                                                                      : payload_.p);
+                                                                      : payloads_[step.buffer].p);
   }
 
   void* DeviceRows(uint32_t rows) override {
@@ -425,9 +433,9 @@ class CudaBackend : public ComputeBackend {
   };
 
   // ctl.device_out's rows from the device payload (laid out as `layout`) to their destinations, on
-  // stream_ after the step's epilogue: one strided copy each.
-  absl::Status CopyRowsOut(const BatchControl& ctl, const PayloadLayout& layout) {
-    const auto* payload = static_cast<const uint8_t*>(payload_.p);
+  // the step's stream after its epilogue: one strided copy each.
+  absl::Status CopyRowsOut(const BatchControl& ctl, const PayloadLayout& layout, int buffer) {
+    const auto* payload = static_cast<const uint8_t*>(payloads_[buffer].p);
     for (uint32_t i = 0; i < ctl.device_outs; ++i) {
       const DeviceRowsOut& o = ctl.device_out[i];
       const size_t from = layout.row_offset[o.row0];
@@ -435,7 +443,7 @@ class CudaBackend : public ComputeBackend {
       const size_t width =
           static_cast<size_t>(geo_.valid_cols()) * OutDTypeBytes(ctl.tasks[o.row0].dtype);
       DH_CUDA_CHECK(cudaMemcpy2DAsync(o.dst, o.dst_pitch, payload + from, pitch, width, o.rows,
-                                      cudaMemcpyDeviceToDevice, stream_));
+                                      cudaMemcpyDeviceToDevice, StepStream(buffer)));
     }
     return absl::OkStatus();
   }
@@ -477,6 +485,7 @@ class CudaBackend : public ComputeBackend {
   // branch, so that adjacent kernels keep their programmatic edges.
   absl::Status EnqueueStep(const Step& s, const cuda::ReduceRow* desc) {
     const int64_t S = geo_.shard_rows, K = geo_.hidden, ldy = Ldy();
+    const cudaStream_t stream = StepStream(s.buffer);
     const bool capturing = record_flags_ == cudaEventRecordExternal;
     const bool branch = capturing && opts_.cuda_timing_off_path;
     const cuda::ScopedSharedCarveout carveout(opts_.cuda_smem_carveout);
@@ -485,7 +494,7 @@ class CudaBackend : public ComputeBackend {
       // Untimed, only the events Finish waits on: after the H2D (the upload buffer free) and last.
       if (!opts_.cuda_stage_events && i != 1 && i != 4) return absl::OkStatus();
       if (branch && i > 0 && i < 4) {
-        DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream_));
+        DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream));
         DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
         DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], side_, record_flags_));
         forked = true;
@@ -493,55 +502,58 @@ class CudaBackend : public ComputeBackend {
       }
       if (forked && i == 4) {  // the side branch joins the chain before the capture ends
         DH_CUDA_CHECK(cudaEventRecord(forks_[3], side_));
-        DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, forks_[3], 0));
+        DH_CUDA_CHECK(cudaStreamWaitEvent(stream, forks_[3], 0));
       }
-      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], stream_, record_flags_));
+      DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][i], stream, record_flags_));
       return absl::OkStatus();
     };
     const DeviceMem& dstage = dstages_[s.buffer];
     if (s.upload_aside) {
       // The upload went ahead on upload_ (LaunchStep); the chain starts at the GEMV.
       if (opts_.cuda_stage_events)
-        DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream_, record_flags_));
+        DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream, record_flags_));
     } else {
       DH_RETURN_IF_ERROR(stamp(0));
       auto* up_dst = static_cast<uint8_t*>(dstage.p) + s.upload_from;
       const auto* up_src = static_cast<const uint8_t*>(stage_.p) + s.upload_from;
       const size_t up_bytes = s.stage_bytes - s.upload_from;
       if (opts_.cuda_upload_by_kernel) {
-        DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream_));
+        DH_CUDA_CHECK(cuda::CopyFromPinnedHost(up_dst, up_src, up_bytes, stream));
       } else {
-        DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream_));
+        DH_CUDA_CHECK(cudaMemcpyAsync(up_dst, up_src, up_bytes, cudaMemcpyHostToDevice, stream));
       }
       DH_RETURN_IF_ERROR(stamp(1));
     }
     const auto* dx = static_cast<const uint16_t*>(dstage.p);
-    auto* y = static_cast<float*>(y_.p);
+    auto* y = static_cast<float*>(ys_[s.buffer].p);
     if (s.n_fp8 > 0) {
       const auto* exps = static_cast<const uint8_t*>(exps_.p);
       DH_CUDA_CHECK(fast_path_ ? cuda::HeadGemvFp8(dx, s.n_fp8, K,
                                                    static_cast<const uint8_t*>(packed_.p), exps, S,
-                                                   y, ldy, stream_)
+                                                   y, ldy, stream)
                                : cuda::HeadGemvFp8Exact(dx, s.n_fp8, K,
                                                         static_cast<const uint8_t*>(codes_.p), exps,
-                                                        S, y, ldy, stream_));
+                                                        S, y, ldy, stream));
     }
     if (s.n_bf16 > 0) {
+      DH_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
       DH_CUBLAS_CHECK(cuda::HeadGemmBf16(cublas_, dx + static_cast<size_t>(s.n_fp8) * K, s.n_bf16,
                                          K, static_cast<const uint16_t*>(bf16_.p), S,
-                                         y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream_));
+                                         y + static_cast<size_t>(s.n_fp8) * ldy, ldy, stream));
     }
     DH_RETURN_IF_ERROR(stamp(2));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage.p) + s.desc_off);
-    auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : payload_.p);
+    const DeviceMem& dpayload = payloads_[s.buffer];
+    auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : dpayload.p);
+    const DeviceMem& escratch = escratches_[s.buffer];
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
-                                      payload, escratch_.p, escratch_.bytes, stream_, desc));
+                                      payload, escratch.p, escratch.bytes, stream, desc));
     DH_RETURN_IF_ERROR(stamp(3));
     if (s.d2h_bytes > 0) {
-      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, payload_.p, s.d2h_bytes,
-                                    cudaMemcpyDeviceToHost, stream_));
+      DH_CUDA_CHECK(cudaMemcpyAsync(hpayloads_[s.slot].p, dpayload.p, s.d2h_bytes,
+                                    cudaMemcpyDeviceToHost, stream));
     }
     return stamp(4);
   }
@@ -556,13 +568,14 @@ class CudaBackend : public ComputeBackend {
   // epilogue writes to the host, the buffer and whether the upload went aside.
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
+    const cudaStream_t stream = StepStream(s.buffer);
     if (s.upload_aside) {
       cudaEvent_t* ev = events_[s.slot];
       if (opts_.cuda_stage_events) DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
       DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[s.buffer].p, stage_.p, s.stage_bytes,
                                     cudaMemcpyHostToDevice, upload_));
       DH_CUDA_CHECK(cudaEventRecord(ev[1], upload_));
-      DH_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev[1], 0));
+      DH_CUDA_CHECK(cudaStreamWaitEvent(stream, ev[1], 0));
     }
     if (!opts_.cuda_graphs || s.n_bf16 > 0) return EnqueueStep(s, desc);
     const GraphKey key{static_cast<uint64_t>(s.rows) |
@@ -578,7 +591,7 @@ class CudaBackend : public ComputeBackend {
       it = graphs_.emplace(key, Capture(s, desc)).first;
     }
     if (it->second == nullptr) return EnqueueStep(s, desc);
-    DH_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    DH_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
     *graphed = true;
     return absl::OkStatus();
   }
@@ -586,7 +599,8 @@ class CudaBackend : public ComputeBackend {
   // The step captured into an executable graph; nullptr when capture or instantiation fails (the
   // shape then runs eagerly, which reports any real error).
   cudaGraphExec_t Capture(const Step& s, const cuda::ReduceRow* desc) {
-    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    const cudaStream_t stream = StepStream(s.buffer);
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
@@ -594,7 +608,7 @@ class CudaBackend : public ComputeBackend {
     const absl::Status enqueued = EnqueueStep(s, desc);
     record_flags_ = cudaEventRecordDefault;
     cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     cudaGraphExec_t exec = nullptr;
     cudaError_t made = cudaErrorUnknown;
     if (enqueued.ok() && ended == cudaSuccess && graph != nullptr)
@@ -617,6 +631,10 @@ class CudaBackend : public ComputeBackend {
     graphs_.clear();
   }
 
+  // Where a step on `buffer` runs: with cuda_overlap_steps a step launched behind another has a
+  // stream of its own, so that its GEMV needs not wait for that one's epilogue.
+  cudaStream_t StepStream(int buffer) const { return buffer == 1 && stream1_ ? stream1_ : stream_; }
+
   int64_t Ldy() const { return (geo_.shard_rows + 3) / 4 * 4; }  // 16-byte aligned logit rows
 
   // Work buffers for `rows` rows of any mode (the largest payload row is fp32 full logits).
@@ -632,18 +650,23 @@ class CudaBackend : public ComputeBackend {
       t.k = kMaxTopKLimit;
       payload_bytes = std::max(payload_bytes, RowPayloadBytes(t, S) * rows);
     }
-    const void* before[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
-                            hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
+    auto addresses = [&] {
+      return std::array<const void*, 12>{stage_.p,       dstages_[0].p,     dstages_[1].p,
+                                         ys_[0].p,       ys_[1].p,          payloads_[0].p,
+                                         payloads_[1].p, escratches_[0].p,  escratches_[1].p,
+                                         hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
+    };
+    const auto before = addresses();
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
     for (DeviceMem& d : dstages_) DH_CUDA_CHECK(d.Reserve(stage_bytes));
-    DH_CUDA_CHECK(y_.Reserve(static_cast<size_t>(rows) * Ldy() * 4));
-    DH_CUDA_CHECK(payload_.Reserve(payload_bytes));
+    for (int b = 0; b < 2; ++b) {  // buffer 1's only used by a step launched behind another
+      DH_CUDA_CHECK(ys_[b].Reserve(static_cast<size_t>(rows) * Ldy() * 4));
+      DH_CUDA_CHECK(payloads_[b].Reserve(payload_bytes));
+      DH_CUDA_CHECK(escratches_[b].Reserve(
+          std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
+    }
     for (int i = 0; i < kHostPayloads; ++i) DH_CUDA_CHECK(hpayloads_[i].Reserve(payload_bytes));
-    DH_CUDA_CHECK(escratch_.Reserve(
-        std::max<size_t>(cuda::EpilogueScratchBytes(geo_.valid_cols(), rows), 16)));
-    const void* after[] = {stage_.p, dstages_[0].p, dstages_[1].p, y_.p, payload_.p, escratch_.p,
-                           hpayloads_[0].p, hpayloads_[1].p, hpayloads_[2].p};
-    if (!std::equal(std::begin(before), std::end(before), std::begin(after))) DropGraphs();
+    if (addresses() != before) DropGraphs();
     reserved_rows_ = std::max(reserved_rows_, rows);
     return absl::OkStatus();
   }
@@ -651,7 +674,8 @@ class CudaBackend : public ComputeBackend {
   BackendOptions opts_;
   int rank_;
   int device_ = -1;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;   // everything but buffer 1's steps with cuda_overlap_steps
+  cudaStream_t stream1_ = nullptr;  // those (cuda_overlap_steps), else none
   cudaStream_t side_ = nullptr;  // a captured step's timing branch (cuda_timing_off_path)
   cudaStream_t upload_ = nullptr;  // uploads of steps launched behind another (cuda_upload_aside)
   cudaEvent_t forks_[4] = {};    // that branch's three forks and its join
@@ -662,7 +686,10 @@ class CudaBackend : public ComputeBackend {
   DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
   DeviceMem dstages_[2];  // a step's rows and descriptors on the device: one a step in flight, in turn
-  DeviceMem y_, payload_, dscratch_, escratch_;
+  // Each buffer's logits, device payload and epilogue scratch (a step launched behind another
+  // uses the other buffer's, so that with cuda_overlap_steps the two may run at once).
+  DeviceMem ys_[2], payloads_[2], escratches_[2];
+  DeviceMem dscratch_;
   PinnedMem stage_;
   BufferRing<PinnedMem, kHostPayloads> hpayloads_;  // host results in turn (Launch)
   BufferRing<PinnedMem, 2> hscratches_;
