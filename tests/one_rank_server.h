@@ -27,7 +27,8 @@ namespace drafthead::testing {
 struct OneRankServer {
   static constexpr int64_t kK = 64, kRows = 1000, kVocab = 900;
 
-  explicit OneRankServer(UnaryApi unary_api = UnaryApi::kCallback) : registry(regions::RegistryOptions{true, false, 0}), batcher(BatcherOptions{}) {
+  explicit OneRankServer(UnaryApi unary_api = UnaryApi::kCallback, BatcherOptions batching = {})
+      : registry(regions::RegistryOptions{true, false, 0}), batcher(batching) {
     const ShardGeometry geo = ShardGeometry::Make(1, 0, kK, kRows, kVocab);
     WeightsConfig wc;
     wc.synthetic_seed = 3;

@@ -19,6 +19,7 @@ drafthead_add_test(regions_e2e_test SOURCES regions_e2e_test.cc LIBS drafthead_a
 add_dependencies(regions_e2e_test drafthead-server)
 drafthead_add_test(regions_queue_test SOURCES regions_queue_test.cc LIBS drafthead_api drafthead_test_reference)
 drafthead_add_test(unary_api_test SOURCES unary_api_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 120)
+drafthead_add_test(split_request_test SOURCES split_request_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 120)
 drafthead_add_test(stream_budget_test SOURCES stream_budget_test.cc LIBS drafthead_api drafthead_test_reference TIMEOUT 300)
 add_dependencies(stream_budget_test drafthead-server)
 drafthead_add_test(faults_test SOURCES faults_test.cc LIBS drafthead_client drafthead_test_reference TIMEOUT 600)

@@ -79,6 +79,10 @@ ABSL_FLAG(std::string, queue_policy, "fair",
           "does not delay the others) or fifo (submission order across callers, the queue before fair "
           "queueing; for comparison)");
 ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
+ABSL_FLAG(bool, split_requests, false,
+          "A batch that would end short of --max-rows takes the first rows of the next request, "
+          "its other rows following in a later batch (the same answers: rows are independent of "
+          "their batch mates); not for rows bound for a CUDA region's device memory");
 ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120), "How long ranks wait for each other to join");
@@ -220,6 +224,7 @@ absl::Status ResolveLimits(ServerConfig& c) {
     return Bad(absl::StrCat("--queue-policy must be fair or fifo, not '", policy, "'"));
   c.batcher.max_queue_delay = std::chrono::microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   c.batcher.max_requests = absl::GetFlag(FLAGS_max_batch_requests);
+  c.batcher.split_requests = absl::GetFlag(FLAGS_split_requests);
 
   struct Positive { const char* flag; absl::Duration value; };
   for (const Positive& d : {Positive{"--op-timeout", absl::GetFlag(FLAGS_op_timeout)},

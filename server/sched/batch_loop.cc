@@ -62,7 +62,7 @@ void BatchLoop::FailInFlight(const absl::Status& status) {
 const uint16_t* BatchLoop::Prepare(const std::vector<BatchItem>& batch, BatchControl& ctl) {
   const int64_t K = engine_.geometry().hidden;
   uint32_t rows = 0;
-  for (const auto& it : batch) rows += it.req->rows;
+  for (const auto& it : batch) rows += it.rows();
   ctl.rows = rows;
   ctl.device_outs = 0;
   const bool rows_out = engine_.writes_device_rows();
@@ -70,14 +70,16 @@ const uint16_t* BatchLoop::Prepare(const std::vector<BatchItem>& batch, BatchCon
   uint16_t* x = engine_.HiddenRowsFor(rows);
   uint32_t r = 0;
   for (const auto& it : batch) {
-    for (uint32_t i = 0; i < it.req->rows; ++i) {
+    const uint32_t n = it.rows();  // a split request's part: its rows from part_begin
+    for (uint32_t i = 0; i < n; ++i) {
       ctl.tasks[r + i] = it.req->task;
-      ctl.tasks[r + i].row_in_request = i;
+      ctl.tasks[r + i].row_in_request = it.part_begin + i;
     }
-    if (rows_out && it.device_logits != nullptr)
-      ctl.device_out[ctl.device_outs++] = DeviceRowsOut{r, it.req->rows, it.device_logits_pitch, it.device_logits};
-    std::memcpy(x + static_cast<size_t>(r) * K, it.req->x.data(), it.req->x.size() * 2);
-    r += it.req->rows;
+    if (rows_out && it.device_logits != nullptr)  // never split (Batcher::MaySplitHead)
+      ctl.device_out[ctl.device_outs++] = DeviceRowsOut{r, n, it.device_logits_pitch, it.device_logits};
+    std::memcpy(x + static_cast<size_t>(r) * K, it.req->x.data() + static_cast<size_t>(it.part_begin) * K,
+                static_cast<size_t>(n) * K * 2);
+    r += n;
   }
   return x;
 }

@@ -91,10 +91,37 @@ void Batcher::Retire(Caller* c) {
 BatchItem Batcher::PopHead(Caller* c) {
   BatchItem it = std::move(c->items.front());
   c->items.pop_front();
-  c->rows -= it.req->rows;
-  rows_ -= it.req->rows;
+  c->rows -= it.rows();
+  rows_ -= it.rows();
   --requests_;
   return it;
+}
+
+bool Batcher::MaySplitHead(const Caller* c, uint32_t rows) const {
+  const BatchItem& head = c->items.front();
+  return opts_.split_requests && rows > 0 && head.rows() > rows && head.device_logits == nullptr;
+}
+
+BatchItem Batcher::SplitHead(Caller* c, uint32_t rows) {
+  BatchItem& head = c->items.front();
+  if (head.split == nullptr) head.split = std::make_shared<SplitRequest>(std::move(head.done), head.req->rows);
+  BatchItem part;
+  part.req = head.req;
+  part.caller = head.caller;
+  part.enqueued = head.enqueued;
+  part.deadline = head.deadline;
+  part.cancelled = head.cancelled;
+  part.split = head.split;
+  part.part_begin = head.part_begin;
+  part.part_rows = rows;
+  part.done = head.split->PartDone(part.part_begin, rows);
+  const uint32_t rest = head.rows() - rows;
+  head.part_begin += rows;
+  head.part_rows = rest;
+  head.done = head.split->PartDone(head.part_begin, rest);
+  c->rows -= rows;
+  rows_ -= rows;
+  return part;
 }
 
 bool Batcher::DropHeadIfDead(Caller* c, Clock::time_point now, std::vector<BatchItem>& drops,
@@ -146,7 +173,7 @@ void Batcher::TakeFair(Clock::time_point now, std::vector<BatchItem>& batch, std
       Retire(c);
       continue;
     }
-    const BatchItem& head = c->items.front();
+    const uint32_t head_rows = c->items.front().rows();
     if (c->credit <= 0) {  // its turn is over: to the back of the round, with the next turn's credit
       (c->fresh ? fresh_ : rounds_).pop_front();  // Next() gave the front (cut_ never has credit <= 0)
       c->fresh = false;
@@ -154,13 +181,22 @@ void Batcher::TakeFair(Clock::time_point now, std::vector<BatchItem>& batch, std
       rounds_.push_back(c);
       continue;
     }
-    const bool fits = rows + head.req->rows <= opts_.max_rows || batch.empty();
-    if (!fits || (opts_.max_requests > 0 && batch.size() >= opts_.max_requests)) {
+    const bool fits = rows + head_rows <= opts_.max_rows || batch.empty();
+    const bool room = opts_.max_requests == 0 || batch.size() < opts_.max_requests;
+    if (!fits && room && MaySplitHead(c, opts_.max_rows - rows)) {  // the batch ends full
+      const uint32_t part = opts_.max_rows - rows;
+      c->credit -= part;
+      c->taken_in = takes_;
+      batch.push_back(SplitHead(c, part));
+      if (cut_ == c) cut_ = nullptr;
+      break;
+    }
+    if (!fits || !room) {
       if (c->taken_in != takes_) cut_ = c;  // cut off with nothing in this batch: first in the next
       break;
     }
-    rows += head.req->rows;
-    c->credit -= head.req->rows;
+    rows += head_rows;
+    c->credit -= head_rows;
     c->taken_in = takes_;
     batch.push_back(PopHead(c));
     if (cut_ == c) cut_ = nullptr;
@@ -176,10 +212,13 @@ void Batcher::TakeFifo(Clock::time_point now, std::vector<BatchItem>& batch, std
   while (!arrivals_.empty()) {
     Caller* c = arrivals_.front();  // its head is the oldest request queued (FIFO per caller too)
     if (!DropHeadIfDead(c, now, drops, drop_status)) {
-      const BatchItem& head = c->items.front();
-      if (rows + head.req->rows > opts_.max_rows && !batch.empty()) break;
+      const uint32_t head_rows = c->items.front().rows();
       if (opts_.max_requests > 0 && batch.size() >= opts_.max_requests) break;
-      rows += head.req->rows;
+      if (rows + head_rows > opts_.max_rows && !batch.empty()) {
+        if (MaySplitHead(c, opts_.max_rows - rows)) batch.push_back(SplitHead(c, opts_.max_rows - rows));
+        break;  // the rest, or the whole, stays first in arrivals_
+      }
+      rows += head_rows;
       batch.push_back(PopHead(c));
     }
     arrivals_.pop_front();

@@ -1,5 +1,7 @@
 // Rank 0's request queue and dynamic batching: requests (unary, streamed, from any API) wait here
-// and the engine thread takes them as batches of up to max_rows rows (a request is never split).
+// and the engine thread takes them as batches of up to max_rows rows. A request is split only with
+// split_requests (server/sched/split_request.h): then a batch that would end short of max_rows takes
+// the first rows of the request that does not fit, and the rest stays at its caller's head.
 //
 // Fair between callers. Every request names its caller (CallerKey: a stream, a connection's unary
 // calls, a lane), set by whoever submits. Each caller has its own FIFO queue (its requests are
@@ -37,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/sched/prepared_request.h"
+#include "server/sched/split_request.h"
 
 namespace drafthead {
 
@@ -79,6 +82,11 @@ struct BatchItem {
   void* device_logits = nullptr;
   uint64_t device_logits_pitch = 0;
   std::shared_ptr<const void> device_logits_hold;
+  // A part of a split request (split_requests): its rows [part_begin, part_begin + part_rows) of
+  // req, and `done` is the part's (SplitRequest::PartDone). part_rows 0: the whole request.
+  uint32_t part_begin = 0, part_rows = 0;
+  std::shared_ptr<SplitRequest> split;
+  uint32_t rows() const { return part_rows > 0 ? part_rows : req->rows; }
 };
 
 // Runs a request at once on the submitting thread when the engine is idle (BatchLoop), saving the
@@ -106,6 +114,9 @@ struct BatcherOptions {
   uint32_t max_caller_queue_rows = 1024;  // one caller's share of max_queue_rows
   std::chrono::microseconds max_queue_delay{0};
   uint32_t max_requests = 0;  // most requests in one batch (0: no limit; 1: batching off)
+  // A batch that would end short of max_rows takes the first rows of the next request (one
+  // without a device destination), the rest following in a later batch (split_request.h).
+  bool split_requests = false;
 };
 
 class Batcher {
@@ -185,6 +196,10 @@ class Batcher {
                       std::vector<absl::Status>& drop_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `c`'s head from the queue's counts and returns it.
   BatchItem PopHead(Caller* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `c`'s head may give its first `rows` rows to a batch (split_requests, no device
+  // destination, more rows than that); SplitHead: those rows as a part, the rest left at the head.
+  bool MaySplitHead(const Caller* c, uint32_t rows) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BatchItem SplitHead(Caller* c, uint32_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatcherOptions opts_;
   mutable absl::Mutex mu_;

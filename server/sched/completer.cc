@@ -20,17 +20,16 @@ void AnswerBatch(std::vector<BatchItem>& items, BatchRowsResult result, Clock::t
   uint32_t row0 = result.row0;
   for (auto& it : items) {
     AnswerOne(it, result, row0, started);
-    row0 += it.req->rows;
+    row0 += it.rows();
   }
 }
 
 size_t AnswerBytes(const BatchItem& it, const BatchRowsResult& result) {
-  const PreparedRequest& req = *it.req;
-  const RowTask& t = req.task;
-  if (t.mode != RowMode::kFullLogits) return static_cast<size_t>(req.rows) * (static_cast<size_t>(t.k) * 8 + 8);
-  if (result.logits_on_device && it.device_logits != nullptr) return req.rows;  // already in place
-  return static_cast<size_t>(req.rows) * static_cast<size_t>(result.geometry->vocab_size) *
-         OutDTypeBytes(t.dtype);
+  const RowTask& t = it.req->task;
+  const size_t rows = it.rows();
+  if (t.mode != RowMode::kFullLogits) return rows * (static_cast<size_t>(t.k) * 8 + 8);
+  if (result.logits_on_device && it.device_logits != nullptr) return rows;  // already in place
+  return rows * static_cast<size_t>(result.geometry->vocab_size) * OutDTypeBytes(t.dtype);
 }
 
 Completer::Completer() {
@@ -85,7 +84,7 @@ void Completer::Answer(Job& job) {
   uint32_t r = job.result.row0;
   for (size_t i = 0; i < items.size(); ++i) {
     row0[i] = r;
-    r += items[i].req->rows;
+    r += items[i].rows();
     Caller& c = callers[items[i].caller];
     c.items.push_back(i);
     c.bytes += AnswerBytes(items[i], job.result);
