@@ -107,6 +107,142 @@ TEST(BatcherTest, DropsExpiredAndCancelledBeforeCompute) {
   EXPECT_EQ(b.dropped().cancelled, 1u);
 }
 
+// split_requests: the request that does not fit gives its first rows to the batch (which ends
+// full) and waits with the rest at its caller's head; its one answer holds every rank's rows in
+// request order, as if it had run whole. A part that fails or is dropped answers the request once
+// with its status; a device destination is never split.
+TEST(BatcherTest, SplitRequestsAreAnsweredOnceFromTheirParts) {
+  BatcherOptions o;
+  o.max_rows = 4;
+  o.split_requests = true;
+  Batcher b(o);
+  // A payload row is 16 bytes: byte 0 the row's place in its request, byte 1 its rank.
+  const ShardGeometry geo = ShardGeometry::Make(2, 0, 32, 64, 64);
+  struct Whole {
+    int calls = 0;
+    absl::Status status = absl::UnknownError("not answered");
+    std::vector<uint8_t> rows;  // rank, then row: byte 0 of each 16-byte row
+    size_t per_rank_bytes = 0;
+  };
+  auto item = [](uint32_t rows, Whole* w) {
+    Probe unused;
+    BatchItem it = Item(rows, &unused);
+    it.done = [w](const absl::Status& s, const BatchRowsResult* r) {
+      ++w->calls;
+      w->status = s;
+      if (r == nullptr) return;
+      w->per_rank_bytes = r->per_rank_bytes;
+      for (int rank = 0; rank < 2; ++rank)
+        for (uint32_t i = 0; i < 3; ++i) {
+          const uint8_t* row = r->gathered + rank * r->per_rank_bytes + r->layout->row_offset[r->row0 + i];
+          w->rows.push_back(static_cast<uint8_t>(row[0] + 10 * row[1]));
+        }
+    };
+    return it;
+  };
+  // Answers a taken batch as the completer would: every item's rows at its place in the batch.
+  auto answer = [&](std::vector<BatchItem>& batch) {
+    uint32_t rows = 0;
+    for (auto& it : batch) rows += it.rows();
+    PayloadLayout layout;
+    for (uint32_t i = 0; i <= rows; ++i) layout.row_offset.push_back(16 * i);
+    std::vector<uint8_t> gathered(2 * 16 * rows);
+    uint32_t r = 0;
+    for (auto& it : batch)
+      for (uint32_t i = 0; i < it.rows(); ++i, ++r)
+        for (int rank = 0; rank < 2; ++rank) {
+          gathered[rank * 16 * rows + 16 * r] = static_cast<uint8_t>(it.part_begin + i);
+          gathered[rank * 16 * rows + 16 * r + 1] = static_cast<uint8_t>(rank);
+        }
+    BatchRowsResult result;
+    result.layout = &layout;
+    result.gathered = gathered.data();
+    result.per_rank_bytes = 16 * rows;
+    result.geometry = &geo;
+    result.batch_rows = rows;
+    AnswerBatch(batch, result, Clock::now());
+  };
+  Whole a, split, c;
+  ASSERT_TRUE(b.Submit(item(3, &a)).ok());
+  ASSERT_TRUE(b.Submit(item(3, &split)).ok());
+  ASSERT_TRUE(b.Submit(item(3, &c)).ok());
+  auto b1 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b1.size(), 2u);  // 3 rows of a, the first row of `split`: the batch ends full
+  EXPECT_EQ(b1[1].part_begin, 0u);
+  EXPECT_EQ(b1[1].rows(), 1u);
+  EXPECT_EQ(b.queued_rows(), 5u);
+  EXPECT_EQ(b.queued_requests(), 2u);
+  auto b2 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b2.size(), 2u);  // the rest of `split` first (its caller's head), then one row of c
+  EXPECT_EQ(b2[0].part_begin, 1u);
+  EXPECT_EQ(b2[0].rows(), 2u);
+  EXPECT_EQ(b2[1].rows(), 2u);
+  auto b3 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b3.size(), 1u);
+  EXPECT_EQ(b3[0].part_begin, 2u);
+  EXPECT_EQ(b3[0].rows(), 1u);
+  answer(b1);
+  EXPECT_EQ(split.calls, 0);  // a part alone answers nothing
+  answer(b2);
+  answer(b3);
+  for (const Whole* w : {&a, &split, &c}) {
+    EXPECT_EQ(w->calls, 1);
+    EXPECT_TRUE(w->status.ok()) << w->status;
+    EXPECT_EQ(w->rows, (std::vector<uint8_t>{0, 1, 2, 10, 11, 12}));  // each rank's rows in order
+  }
+  EXPECT_EQ(split.per_rank_bytes, 3u * 16);  // a batch of its own rows (the others: their batch's)
+
+  // A part dropped (expired at its caller's head) answers the request; the other part's answer,
+  // coming later, is ignored.
+  Whole late;
+  Probe other;
+  BatchItem e = item(3, &late);
+  e.deadline = Clock::now() + std::chrono::milliseconds(50);
+  ASSERT_TRUE(b.Submit(Item(3, &other)).ok());
+  ASSERT_TRUE(b.Submit(std::move(e)).ok());
+  auto b4 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b4.size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_TRUE(b.Take(std::chrono::milliseconds(0)).empty());  // the rest expired while queued
+  EXPECT_EQ(late.calls, 1);
+  EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded);
+  answer(b4);
+  EXPECT_EQ(late.calls, 1);
+  EXPECT_EQ(other.calls, 1);
+
+  // A failed batch fails the request at once; its later part is ignored.
+  Whole failed;
+  ASSERT_TRUE(b.Submit(Item(2, &other)).ok());
+  ASSERT_TRUE(b.Submit(item(3, &failed)).ok());
+  auto b5 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b5.size(), 2u);
+  for (auto& it : b5) it.done(absl::UnavailableError("the rank group failed"), nullptr);
+  EXPECT_EQ(failed.calls, 1);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kUnavailable);
+  auto b6 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b6.size(), 1u);
+  answer(b6);
+  EXPECT_EQ(failed.calls, 1);
+
+  // Rows bound for device memory are not split: the batch ends short, as without split_requests.
+  Whole device;
+  ASSERT_TRUE(b.Submit(Item(2, &other)).ok());
+  BatchItem d = item(3, &device);
+  int sink = 0;
+  d.device_logits = &sink;
+  ASSERT_TRUE(b.Submit(std::move(d)).ok());
+  auto b7 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b7.size(), 1u);
+  EXPECT_EQ(b7[0].rows(), 2u);
+  auto b8 = b.Take(std::chrono::milliseconds(0));
+  ASSERT_EQ(b8.size(), 1u);
+  EXPECT_EQ(b8[0].rows(), 3u);
+  EXPECT_EQ(b8[0].part_rows, 0u);  // whole
+  b.Close(absl::CancelledError("test over"));
+  for (auto* batch : {&b7, &b8})
+    for (auto& it : *batch) it.done(absl::CancelledError("test over"), nullptr);
+}
+
 TEST(BatcherTest, QueueDelayLetsABatchFill) {
   BatcherOptions o;
   o.max_rows = 64;
