@@ -6,10 +6,11 @@
 # --take-ahead (the next batch prepared during one vs after it), --launch-ahead (also launched
 # behind it vs launched once the last one is done), --cuda-upload-aside (a batch launched behind
 # another uploads its rows on a second stream vs in its own step), --cuda-stage-events (the stage
-# timing events) or --cuda-overlap-steps (the batch behind on a second stream). Here:
+# timing events), --cuda-overlap-steps (the batch behind on a second stream) or --split-requests
+# (batches end full, the request that does not fit split). Here:
 # `bench/gpu/bundle.sh`; on the GPU machine, from the repository root (carry `bundle-gpu`):
 #
-#   ROUNDS=2 SECS=2 [FLAG=take-ahead|launch-ahead|cuda-upload-aside|cuda-stage-events|cuda-overlap-steps] bash bench/gpu/engine.sh
+#   ROUNDS=2 SECS=2 [FLAG=take-ahead|launch-ahead|cuda-upload-aside|cuda-stage-events|cuda-overlap-steps|split-requests] bash bench/gpu/engine.sh
 #
 # Points: gRPC unary c=1 M=5 TOP_K k=8, M=1 ARGMAX, M=64 TOP_K k=8 (one batch of 64 rows);
 # c=64 M=5 TOP_K and FULL_LOGITS bf16 (4 connections); the lane (--lane=shm) c=1 M=5 TOP_K and M=1 ARGMAX, c=64 M=5
