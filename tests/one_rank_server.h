@@ -120,4 +120,11 @@ std::future<Answer<Resp>> SendAsync(const Req& req, Start start) {
   return fut;
 }
 
+// ComputeLogits through the callback stub, asynchronously (SendAsync).
+inline std::future<Answer<v1::LogitsResponse>> SendLogits(v1::DraftHead::Stub& stub, const v1::LogitsRequest& req) {
+  return SendAsync<v1::LogitsRequest, v1::LogitsResponse>(req, [&stub](auto* ctx, auto* q, auto* r, auto done) {
+    stub.async()->ComputeLogits(ctx, q, r, std::move(done));
+  });
+}
+
 }  // namespace drafthead::testing

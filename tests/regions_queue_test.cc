@@ -21,13 +21,6 @@ using testing::OneRankServer;
 using Answer = testing::Answer<v1::LogitsResponse>;
 constexpr int64_t kK = OneRankServer::kK, kVocab = OneRankServer::kVocab;
 
-// An asynchronous ComputeLogits; the future holds its answer.
-std::future<Answer> Send(v1::DraftHead::Stub& stub, const v1::LogitsRequest& req) {
-  return testing::SendAsync<v1::LogitsRequest, v1::LogitsResponse>(req, [&stub](auto* ctx, auto* q, auto* r, auto done) {
-    stub.async()->ComputeLogits(ctx, q, r, std::move(done));
-  });
-}
-
 grpc::Status Register(v1::DraftHead::Stub& stub, const std::string& name, const std::string& key) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -55,7 +48,7 @@ TEST(RegionsQueueTest, UnregisteredWhileQueuedNeitherCrashesNorWritesAfterward) 
   OneRankServer s;
   ASSERT_TRUE(Register(*s.stub, "out", shm.key()).ok());
   std::vector<std::future<Answer>> answers;
-  for (int i = 0; i < kQueued; ++i) answers.push_back(Send(*s.stub, FullLogitsInto("out", i)));
+  for (int i = 0; i < kQueued; ++i) answers.push_back(testing::SendLogits(*s.stub, FullLogitsInto("out", i)));
   // Validated and queued (the loop is not running, so they stay there).
   ASSERT_TRUE(s.WaitQueued(kQueued)) << s.batcher.queued_requests() << " queued";
 
@@ -83,11 +76,11 @@ TEST(RegionsQueueTest, UnregisteredWhileQueuedNeitherCrashesNorWritesAfterward) 
 
   // Still serving: the same memory under a new registration receives the logits.
   ASSERT_TRUE(Register(*s.stub, "again", shm.key()).ok());
-  Answer a = Send(*s.stub, FullLogitsInto("again", 2)).get();
+  Answer a = testing::SendLogits(*s.stub, FullLogitsInto("again", 2)).get();
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
   v1::LogitsRequest bytes = FullLogitsInto("again", 2);
   bytes.clear_logits_region();
-  Answer want = Send(*s.stub, bytes).get();
+  Answer want = testing::SendLogits(*s.stub, bytes).get();
   ASSERT_TRUE(want.status.ok());
   EXPECT_EQ(std::memcmp(shm.data() + 2 * kVocab * 2, want.resp.logits().data(), kVocab * 2), 0);
   EXPECT_EQ(shm.data()[0], kSentinel);

@@ -18,12 +18,6 @@ using testing::OneRankServer;
 using Answer = testing::Answer<v1::LogitsResponse>;
 constexpr int64_t kK = OneRankServer::kK;
 
-std::future<Answer> Send(v1::DraftHead::Stub& stub, const v1::LogitsRequest& req) {
-  return testing::SendAsync<v1::LogitsRequest, v1::LogitsResponse>(req, [&stub](auto* ctx, auto* q, auto* r, auto done) {
-    stub.async()->ComputeLogits(ctx, q, r, std::move(done));
-  });
-}
-
 // Nine requests of 3 rows of seed `seed`: in batches of 5 rows the 2nd, 4th, 7th and 9th are split
 // (rows 3-5, 8-10, 18-20, 24-26 of 27), and those are the modes whose answers depend most on the
 // row's place: FULL_LOGITS bf16, TOP_K with probs, SAMPLE (its noise keyed by the row in the
@@ -61,7 +55,7 @@ std::string Payload(v1::LogitsResponse resp) {
 std::vector<Answer> RunQueued(OneRankServer& s, const std::vector<v1::LogitsRequest>& reqs) {
   std::vector<std::future<Answer>> queued;
   for (const auto& r : reqs) {
-    queued.push_back(Send(*s.stub, r));
+    queued.push_back(testing::SendLogits(*s.stub, r));
     EXPECT_TRUE(s.WaitQueued(queued.size()));  // one at a time: the queue's order is the list's
   }
   s.StartLoop();

@@ -22,12 +22,6 @@ using testing::OneRankServer;
 using Answer = testing::Answer<v1::LogitsResponse>;
 constexpr int64_t kK = OneRankServer::kK;
 
-std::future<Answer> Send(v1::DraftHead::Stub& stub, const v1::LogitsRequest& req) {
-  return testing::SendAsync<v1::LogitsRequest, v1::LogitsResponse>(req, [&stub](auto* ctx, auto* q, auto* r, auto done) {
-    stub.async()->ComputeLogits(ctx, q, r, std::move(done));
-  });
-}
-
 // A blocking call with a deadline `deadline` from now.
 Answer Call(v1::DraftHead::Stub& stub, const v1::LogitsRequest& req, std::chrono::milliseconds deadline) {
   grpc::ClientContext ctx;
@@ -68,8 +62,8 @@ TEST(UnaryApiTest, SyncAnswersAsCallbackInlineAndQueued) {
   // Queued first (both loops stopped): the sync handlers block until the loop answers them.
   std::vector<std::future<Answer>> cb_queued, sync_queued;
   for (const auto& r : reqs) {
-    cb_queued.push_back(Send(*cb.stub, r));
-    sync_queued.push_back(Send(*sync.stub, r));
+    cb_queued.push_back(testing::SendLogits(*cb.stub, r));
+    sync_queued.push_back(testing::SendLogits(*sync.stub, r));
   }
   ASSERT_TRUE(cb.WaitQueued(reqs.size())) << cb.batcher.queued_requests();
   ASSERT_TRUE(sync.WaitQueued(reqs.size())) << sync.batcher.queued_requests();
