@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
       {"M=1 ARGMAX", 1, RowMode::kArgmax, 1, OutDType::kFp32},
       {"M=5 TOP_K k=8 probs", 5, RowMode::kTopK, 8, OutDType::kFp32},
       {"M=16 TOP_K k=8 probs", 16, RowMode::kTopK, 8, OutDType::kFp32},
+      {"M=60 TOP_K k=8 probs", 60, RowMode::kTopK, 8, OutDType::kFp32},  // c = 64 M = 5's batches, whole requests
       {"M=64 TOP_K k=8 probs", 64, RowMode::kTopK, 8, OutDType::kFp32},
       {"M=5 FULL bf16", 5, RowMode::kFullLogits, 0, OutDType::kBf16},
   };
