@@ -2,9 +2,9 @@
 // Device memory holds the fp8 twin (built on the GPU from the bf16 shard, or uploaded from
 // --twin), optionally the bf16 shard (--keep-bf16), and work buffers sized at Load for
 // --max-rows rows of the largest payload (so Run allocates nothing): x, the fp32 logits of the
-// batch, the payload, two of each (a step launched behind another uses the other; with
-// cuda_overlap_steps it runs on a second stream, its GEMV free to start during the first one's
-// epilogue). Host traffic goes through pinned staging buffers: one upload of (x rows
+// batch, the payload (with cuda_overlap_steps two sets of logits and payload: a step launched
+// behind another runs on a second stream with the other, its GEMV free to start during the first
+// one's epilogue). Host traffic goes through pinned staging buffers: one upload of (x rows
 // grouped by head + the per-row epilogue descriptors; only the descriptors when a group's rows
 // arrived on the device: DeviceRows), by a kernel reading the pinned buffer (or the copy engine;
 // for a step launched behind another, the copy engine on a second stream into the other of two
@@ -12,10 +12,10 @@
 // epilogue into pinned memory when small, else one download; one stream synchronization per Run.
 // FULL_LOGITS rows bound for device memory (BatchControl::device_out: a caller's CUDA region) are
 // copied there from the device payload after the step, and left out of the download.
-// Events between the stages time them (stage_times; zeros with cuda_stage_events off). The step's launches are captured once per
-// shape (rows, epilogue kernels, bytes back) into a CUDA graph and replayed (--cuda-graphs; cuBLAS
-// rows run eagerly); the kernels are programmatic dependents of the one before
-// (kernels/cuda/dependent_launch.cuh).
+// Events between the stages time them (stage_times; zeros with cuda_stage_events off). The step's
+// launches are captured once per shape (rows, epilogue kernels, bytes back) into a CUDA graph and
+// replayed (--cuda-graphs; cuBLAS rows run eagerly); the kernels are programmatic dependents of
+// the one before (kernels/cuda/dependent_launch.cuh).
 //
 // Threads: one caller at a time (whoever drives the rank's engine); every entry point makes the
 // device current first, so the caller need not. Failure: absl::Status naming the failing
@@ -266,8 +266,7 @@ class CudaBackend : public ComputeBackend {
     step.upload_from = x_on_device ? desc_off : 0;
     // Behind a step in flight, the rows go to the other device buffer by the copy engine on
     // upload_, overlapping that step's GEMV (on the one stream they would wait for its epilogue),
-    // and the step uses that buffer's logits, payload and scratch (and with cuda_overlap_steps its
-    // stream). Every step before the one in flight has finished (Finish waited for it; at most two
+    // and with cuda_overlap_steps that buffer's logits, payload, scratch and stream. Every step before the one in flight has finished (Finish waited for it; at most two
     // launched), so the other buffer is free. A step alone uses buffer 0 (DeviceRows' and
     // UploadRows').
     if (!launched_.empty()) {
@@ -345,7 +344,7 @@ class CudaBackend : public ComputeBackend {
     times_.d2h_us = us(ms[3]);
     times_.graph = step.graphed;
     return static_cast<const void*>(step.space == MemorySpace::kHost ? hpayloads_[step.slot].p
-                                                                      : payloads_[step.buffer].p);
+                                                                      : payloads_[Work(step.buffer)].p);
   }
 
   void* DeviceRows(uint32_t rows) override {
@@ -435,7 +434,7 @@ class CudaBackend : public ComputeBackend {
   // ctl.device_out's rows from the device payload (laid out as `layout`) to their destinations, on
   // the step's stream after its epilogue: one strided copy each.
   absl::Status CopyRowsOut(const BatchControl& ctl, const PayloadLayout& layout, int buffer) {
-    const auto* payload = static_cast<const uint8_t*>(payloads_[buffer].p);
+    const auto* payload = static_cast<const uint8_t*>(payloads_[Work(buffer)].p);
     for (uint32_t i = 0; i < ctl.device_outs; ++i) {
       const DeviceRowsOut& o = ctl.device_out[i];
       const size_t from = layout.row_offset[o.row0];
@@ -525,7 +524,7 @@ class CudaBackend : public ComputeBackend {
       DH_RETURN_IF_ERROR(stamp(1));
     }
     const auto* dx = static_cast<const uint16_t*>(dstage.p);
-    auto* y = static_cast<float*>(ys_[s.buffer].p);
+    auto* y = static_cast<float*>(ys_[Work(s.buffer)].p);
     if (s.n_fp8 > 0) {
       const auto* exps = static_cast<const uint8_t*>(exps_.p);
       DH_CUDA_CHECK(fast_path_ ? cuda::HeadGemvFp8(dx, s.n_fp8, K,
@@ -544,9 +543,9 @@ class CudaBackend : public ComputeBackend {
     DH_RETURN_IF_ERROR(stamp(2));
     const auto* ddesc = reinterpret_cast<const cuda::ReduceRow*>(
         static_cast<const uint8_t*>(dstage.p) + s.desc_off);
-    const DeviceMem& dpayload = payloads_[s.buffer];
+    const DeviceMem& dpayload = payloads_[Work(s.buffer)];
     auto* payload = static_cast<uint8_t*>(s.direct_payload ? hpayloads_[s.slot].p : dpayload.p);
-    const DeviceMem& escratch = escratches_[s.buffer];
+    const DeviceMem& escratch = escratches_[Work(s.buffer)];
     DH_CUDA_CHECK(cuda::ShardEpilogue(y, ldy, S, geo_.valid_cols(),
                                       static_cast<int32_t>(geo_.row_begin()), ddesc, s.rows,
                                       payload, escratch.p, escratch.bytes, stream, desc));
@@ -631,9 +630,11 @@ class CudaBackend : public ComputeBackend {
     graphs_.clear();
   }
 
-  // Where a step on `buffer` runs: with cuda_overlap_steps a step launched behind another has a
-  // stream of its own, so that its GEMV needs not wait for that one's epilogue.
+  // Where a step on `buffer` runs, and the set of logits, payload and scratch buffers it uses: with
+  // cuda_overlap_steps a step launched behind another has a stream and a set of its own, so that
+  // its GEMV needs not wait for that one's epilogue; else one stream orders both on one set.
   cudaStream_t StepStream(int buffer) const { return buffer == 1 && stream1_ ? stream1_ : stream_; }
+  int Work(int buffer) const { return stream1_ ? buffer : 0; }
 
   int64_t Ldy() const { return (geo_.shard_rows + 3) / 4 * 4; }  // 16-byte aligned logit rows
 
@@ -659,7 +660,7 @@ class CudaBackend : public ComputeBackend {
     const auto before = addresses();
     DH_CUDA_CHECK(stage_.Reserve(stage_bytes));
     for (DeviceMem& d : dstages_) DH_CUDA_CHECK(d.Reserve(stage_bytes));
-    for (int b = 0; b < 2; ++b) {  // buffer 1's only used by a step launched behind another
+    for (int b = 0; b <= Work(1); ++b) {  // the second set: cuda_overlap_steps only
       DH_CUDA_CHECK(ys_[b].Reserve(static_cast<size_t>(rows) * Ldy() * 4));
       DH_CUDA_CHECK(payloads_[b].Reserve(payload_bytes));
       DH_CUDA_CHECK(escratches_[b].Reserve(
@@ -686,8 +687,8 @@ class CudaBackend : public ComputeBackend {
   DeviceMem codes_, exps_, bf16_;        // the shard (codes_: row-major, kept off the fast path)
   DeviceMem packed_;                     // fast path: the codes in the GEMV's fragment order
   DeviceMem dstages_[2];  // a step's rows and descriptors on the device: one a step in flight, in turn
-  // Each buffer's logits, device payload and epilogue scratch (a step launched behind another
-  // uses the other buffer's, so that with cuda_overlap_steps the two may run at once).
+  // The logits, device payload and epilogue scratch: one set, or with cuda_overlap_steps one a
+  // device buffer (Work).
   DeviceMem ys_[2], payloads_[2], escratches_[2];
   DeviceMem dscratch_;
   PinnedMem stage_;
