@@ -137,6 +137,17 @@ std::unique_ptr<ComputeBackend> MakeBackend(const Variant& v, const ShardWeights
   return std::move(*be);
 }
 
+// Every variant's backend, in order; empty when one fails (MakeBackend said why).
+std::vector<std::unique_ptr<ComputeBackend>> MakeBackends(const std::vector<Variant>& vs,
+                                                         const ShardWeights& twin) {
+  std::vector<std::unique_ptr<ComputeBackend>> out;
+  for (const Variant& v : vs) {
+    out.push_back(MakeBackend(v, twin));
+    if (out.back() == nullptr) return {};
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -252,12 +263,8 @@ int main(int argc, char** argv) {
   };
   // Every variant's backend loaded at once; each point alternates them in rounds (so drift in
   // the machine's speed falls on all alike).
-  std::vector<std::unique_ptr<ComputeBackend>> backends;
-  for (const Variant& v : variants) {
-    auto be = MakeBackend(v, twin);
-    if (be == nullptr) return 1;
-    backends.push_back(std::move(be));
-  }
+  std::vector<std::unique_ptr<ComputeBackend>> backends = MakeBackends(variants, twin);
+  if (backends.empty()) return 1;
   std::printf("\n| step variant | point | p50 us | p90 | p99 | p50 - GEMV alone | h2d | gemv | epilogue | d2h | graph |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   constexpr int kRound = 100;
@@ -329,12 +336,9 @@ int main(int argc, char** argv) {
       {"overlap steps, no stage events", true, true, true, 64 * 1024, -1, false, true, true},
       {"overlap steps, no graphs, no stage events", false, true, true, 64 * 1024, -1, false, true, true},
   };
-  backends.clear();
-  for (const Variant& v : piped) {
-    auto be = MakeBackend(v, twin);
-    if (be == nullptr) return 1;
-    backends.push_back(std::move(be));
-  }
+  backends.clear();  // the first table's, freed before the second's load
+  backends = MakeBackends(piped, twin);
+  if (backends.empty()) return 1;
   std::printf("\n| pipelined step variant | point | period p50 us | p90 | gemv + epilogue + d2h p50 | between steps | vs GEMV back to back | graph |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Point& p : points) {

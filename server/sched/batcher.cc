@@ -111,7 +111,6 @@ BatchItem Batcher::SplitHead(Caller* c, uint32_t rows) {
   part.enqueued = head.enqueued;
   part.deadline = head.deadline;
   part.cancelled = head.cancelled;
-  part.split = head.split;
   part.part_begin = head.part_begin;
   part.part_rows = rows;
   part.done = head.split->PartDone(part.part_begin, rows);

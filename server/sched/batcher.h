@@ -85,7 +85,7 @@ struct BatchItem {
   // A part of a split request (split_requests): its rows [part_begin, part_begin + part_rows) of
   // req, and `done` is the part's (SplitRequest::PartDone). part_rows 0: the whole request.
   uint32_t part_begin = 0, part_rows = 0;
-  std::shared_ptr<SplitRequest> split;
+  std::shared_ptr<SplitRequest> split;  // queued rest of a split request: where its parts answer
   uint32_t rows() const { return part_rows > 0 ? part_rows : req->rows; }
 };
 
