@@ -476,7 +476,7 @@ TEST(CudaGemvShapes, FragmentOrderOddShapes) {
     DeviceBuffer<uint16_t> dx(x.size());
     DH_CU(dx.Upload(x));
     const auto ref = ComputeReference(x, 64, k, s->hcodes.data(), s->hexps.data(), nullptr, n);
-    for (int v : {0, 700, 741, 760, 780, 800, 810})  // 800 / 810: wgmma (x in chunks at k = 12288)
+    for (int v : {0, 700, 741, 760, 780, 800, 810, 830, 833, 836})  // 8xx: wgmma (x in chunks at k = 12288)
       for (int m : {1, 8, 9, 16, 17, 40, 64}) {
         if (m > 16 && (v == 760 || v == 780)) continue;
         if ((v == 760 || v == 780) && k == 12288) continue;  // K split: x whole in shared memory
@@ -496,7 +496,8 @@ TEST_F(CudaGemv, WgmmaVariantsAreCorrect) {
   double worst = 0;
   for (int m = 17; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 800, &worst);
   for (int m = 1; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 810, &worst);
-  for (int v : {800, 801, 804, 805, 810, 814, 815, 820, 821, 822})
+  for (int m = 1; m <= 64; ++m) CheckGemv(*shard_, *dx_, *ref_, 129280, m, 32320, 833, &worst);
+  for (int v : {800, 801, 804, 805, 810, 814, 815, 820, 821, 822, 830, 831, 832, 833, 834, 835, 836, 837})
     for (int m : {1, 8, 9, 16, 17, 32, 33, 64})
       for (int64_t n : {int64_t{129280}, int64_t{1000}, int64_t{17}})
         CheckGemv(*shard_, *dx_, *ref_, 129280, m, n, v, &worst);
@@ -509,7 +510,30 @@ TEST_F(CudaGemv, WgmmaRowsAreBatchInvariant) {
   DH_SKIP_WITHOUT_GPU();
   ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 810);
   ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 800);
+  ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 830);  // 16 warps x 1 tile: the same sums
+  ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 833);
   ExpectRowsBatchInvariant(*dx_, 5120, *shard_, 32320, 0);  // production: depth 4 at N = 32, 2 at 64
+}
+
+// Round 7's kernels (16 or 12 warps a CTA, one tile a warp) add each output's terms in the same
+// order as production's: their outputs equal production's bit for bit at every bucket.
+TEST_F(CudaGemv, OneTileWarpsMatchProductionBitForBit) {
+  DH_SKIP_WITHOUT_GPU();
+  const int64_t n = 32320, k = 5120;
+  DeviceBuffer<float> want(64 * n), got(64 * n);
+  for (int m : {1, 5, 8, 16, 17, 31, 32, 33, 64}) {
+    DH_CU(cuda::HeadGemvFp8(dx_->get(), m, k, shard_->packed.get(), shard_->exps.get(), n, want.get(), n,
+                            nullptr));
+    DH_CU(cudaDeviceSynchronize());
+    const auto a = want.Download(static_cast<size_t>(m) * n);
+    for (int v : {830, 831, 832, 833, 834, 835, 836, 837}) {
+      DH_CU(cuda::HeadGemvFp8Variant(dx_->get(), m, k, shard_->packed.get(), shard_->exps.get(), n,
+                                     got.get(), n, v, nullptr));
+      DH_CU(cudaDeviceSynchronize());
+      const auto b = got.Download(static_cast<size_t>(m) * n);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "variant " << v << " m=" << m;
+    }
+  }
 }
 
 TEST(CudaGemvShapes, TmaRingOddShapes) {

@@ -130,17 +130,19 @@ struct Wgmma<64> {
 // Stages one 64-column step of x (global step `step`) for every batch row into the slices of
 // local step `ls` of the buffer at `buf` (the layout above); rows past m and columns past k are
 // zeros. Warp w stages rows w, w + 8, ...: one batch row's 128 bytes a cp.async instruction.
-template <int NB>
+template <int NB, int W>
 __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int step, int ls) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = lane >> 3, j = (lane >> 1) & 3, h = lane & 1;
   const int64_t col = static_cast<int64_t>(step) * 64 + 2 * lane;
-  const uint32_t dst0 = buf + (ls * 4 + j) * SliceBytes(NB) + h * kXCoreLbo + warp * 16 + t * 4;
+  const uint32_t dst0 = buf + (ls * 4 + j) * SliceBytes(NB) + h * kXCoreLbo + t * 4;
 #pragma unroll
-  for (int it = 0; it < NB; ++it) {  // batch row warp + 8 it: core-matrix row `it`, 16-byte row `warp`
-    const int row = warp + 8 * it;
+  for (int it = 0; it < (8 * NB + W - 1) / W; ++it) {
+    const int row = warp + W * it;  // core-matrix row row / 8, 16-byte row row % 8
+    if (8 * NB % W != 0 && row >= 8 * NB) break;  // warp-uniform
     const bool ok = row < a.m && col < a.k;
-    CpAsync4(dst0 + it * kXCoreSbo, ok ? a.x + row * a.k + col : a.x, ok ? 4u : 0u);
+    CpAsync4(dst0 + (row >> 3) * kXCoreSbo + (row & 7) * 16, ok ? a.x + row * a.k + col : a.x,
+             ok ? 4u : 0u);
   }
 }
 
@@ -149,10 +151,13 @@ __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int 
 // OVERLAP: a step's wgmmas run while the next step dequantizes (two sets of A registers live), else
 // each step waits for its own (one set: registers for D = 4); PF > 0 (a multiple of 4, experiment):
 // lane 0 prefetches each tile's stream into L2 in 4 KB pieces PF steps ahead of the loads (more
-// bytes in flight without registers: at N = 64 the kernel holds 2 warps a scheduler and D = 2).
-template <int NB, int D, bool PDL, bool OVERLAP = true, int PF = 0>
-__global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const GemvArgs a) {
-  constexpr int N = NB * 8, kAcc = N / 2, RT = 2;
+// bytes in flight without registers: at N = 64 the kernel holds 2 warps a scheduler and D = 2);
+// W warps a CTA, each owning RT 16-row tiles (a unit): 8 x 2 (production) or 16 x 1 (round 7: half
+// the accumulators and A registers a warp, for twice the warps and D = 4 at N = 64).
+template <int NB, int D, bool PDL, bool OVERLAP = true, int PF = 0, int W = kWgmmaWarps, int RT = 2>
+__global__ void __launch_bounds__(W * 32, 1) GemvFp8WgmmaKernel(const GemvArgs a) {
+  constexpr int N = NB * 8, kAcc = N / 2;
+  static_assert((RT == 1 || RT == 2) && W % 4 == 0, "units of one or two tiles; whole warpgroups");
   static_assert(kPackStepAlign / 2 % D == 0, "each half of the padded steps a whole number of rounds");
   static_assert(PF == 0 || (PF % 4 == 0 && PF > D), "4 KB prefetch pieces, beyond the register pipeline");
   extern __shared__ __align__(128) uint8_t wgmma_smem[];  // its own name: head_gemv_kernel.cuh declares smem[] 16-aligned
@@ -160,16 +165,15 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
   const int g = lane >> 2, t = lane & 3;
   const int S = a.steps, C = a.chunk_steps;
   const int nchunks = (S + C - 1) / C;
-  const int64_t nblk = (a.n + 31) / 32;
+  const int64_t nblk = (a.n + 16 * RT - 1) / (16 * RT);  // units
   const int64_t kblocks = a.k / 32, last_kb = kblocks - 1;
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
   const uint32_t buf_bytes = static_cast<uint32_t>(C) * XStepBytes(NB);
 
   if constexpr (PDL) LetDependentsLaunch();
   int cq = -1;  // sequence number of the chunk being computed (its buffer: cq & 1)
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWgmmaWarps;
-  for (int64_t base = first; base < nblk;
-       base += static_cast<int64_t>(gridDim.x) * kWgmmaWarps) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * W;
+  for (int64_t base = first; base < nblk; base += static_cast<int64_t>(gridDim.x) * W) {
     const int64_t blk = base + warp;
     const bool active = blk < nblk;
     const int64_t bc = min(blk, nblk - 1);
@@ -177,7 +181,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
 #pragma unroll
     for (int i = 0; i < 2 * RT; ++i)
       rowp[i] = a.codes + ((bc * RT + i / 2) * a.pack_steps * 2 + (i & 1)) * 512 + lane * 16;
-    const uint8_t* ep = a.exps + bc * kblocks;
+    const uint8_t* ep = a.exps + (bc * RT >> 1) * kblocks;  // the unit's 32-row exponent block
     uint4 wq[D][2 * RT];
     uint32_t eq[D];
     auto load = [&](int s, int slot) {
@@ -206,7 +210,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
     for (int d = 0; d < D; ++d) load(d, d);
     if (base == first) {  // chunk 0 into buffer 0 (later rounds find it staged by the previous one)
       if constexpr (PDL) WaitForPrerequisites();
-      for (int ls = 0; ls < min(C, S); ++ls) StageXStep<NB>(a, smem0, ls, ls);
+      for (int ls = 0; ls < min(C, S); ++ls) StageXStep<NB, W>(a, smem0, ls, ls);
       CpAsyncCommit();
     }
 
@@ -225,7 +229,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
         for (int i = 0; i < NB; ++i)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            const int64_t nn = blk * 32 + 16 * T + g + ((c & 2) ? 8 : 0);
+            const int64_t nn = blk * 16 * RT + 16 * T + g + ((c & 2) ? 8 : 0);
             const int mm = i * 8 + 2 * t + (c & 1);
             if (mm < a.m && nn < a.n) f(a.y + mm * a.ldy + nn, acc[T][4 * i + c]);
           }
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
           // One step of the next chunk a step of this one; all the rest at this chunk's last step
           // (the last chunk may be shorter than the first, which follows it).
           const int upto = ls == cur_len - 1 ? next_len : ls + 1;
-          for (int j = ls; j < upto; ++j) StageXStep<NB>(a, next_buf, next_q * C + j, j);
+          for (int j = ls; j < upto; ++j) StageXStep<NB, W>(a, next_buf, next_q * C + j, j);
           CpAsyncCommit();
         }
         const uint32_t scale2 = ScalePair<kConvPrmt>(eq[d]);
@@ -307,10 +311,10 @@ __global__ void __launch_bounds__(kWgmmaWarps * 32, 1) GemvFp8WgmmaKernel(const 
 }
 
 // m <= 64 rows in one launch: N = the smallest of 8, 16, 32, 64 that holds m; 1 CTA an SM.
-template <int NB, int D, bool PDL, bool OVERLAP, int PF = 0>
+template <int NB, int D, bool PDL, bool OVERLAP, int PF = 0, int W = kWgmmaWarps, int RT = 2>
 cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                         int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL, OVERLAP, PF>;
+  auto kernel = GemvFp8WgmmaKernel<NB, D, PDL, OVERLAP, PF, W, RT>;
   static std::atomic<uint64_t> prepared{0};
   int sms = 0;
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
@@ -325,27 +329,28 @@ cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* code
     if (a.chunk_steps < D) return cudaErrorInvalidValue;
     smem = 2 * a.chunk_steps * step_bytes;
   }
-  const int64_t nblk = (n + 31) / 32;
-  const int grid = static_cast<int>(std::min<int64_t>((nblk + kWgmmaWarps - 1) / kWgmmaWarps, sms));
+  const int64_t units = (n + 16 * RT - 1) / (16 * RT);
+  const int grid = static_cast<int>(std::min<int64_t>((units + W - 1) / W, sms));
   if constexpr (PDL) {
-    DH_CUDA_TRY(LaunchDependent(kernel, dim3(grid), dim3(kWgmmaWarps * 32), smem, stream, a));
+    DH_CUDA_TRY(LaunchDependent(kernel, dim3(grid), dim3(W * 32), smem, stream, a));
   } else {
-    kernel<<<grid, kWgmmaWarps * 32, smem, stream>>>(a);
+    kernel<<<grid, W * 32, smem, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
 // SMALL: buckets 1-2 (m <= 16) on wgmma too (N = 8 / 16), else on the production mma.sync kernel.
 // D32: the depth for N <= 32 (N = 64 at depth 4 spills registers; N = 32 does not); PF: the L2
-// prefetch distance (experiment; 0: none).
-template <int D, bool PDL, bool SMALL, bool OVERLAP = true, int D32 = D, int PF = 0>
+// prefetch distance (experiment; 0: none); W, RT: warps a CTA and tiles a warp (the kernel's).
+template <int D, bool PDL, bool SMALL, bool OVERLAP = true, int D32 = D, int PF = 0, int W = kWgmmaWarps,
+          int RT = 2>
 cudaError_t DispatchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* codes, const uint8_t* exps,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (m <= 16 && !SMALL) return DispatchPacked<2, 2, PDL>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 8) return LaunchWgmma<1, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 16) return LaunchWgmma<2, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 32) return LaunchWgmma<4, D32, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
-  if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP, PF>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 8) return LaunchWgmma<1, D32, PDL, OVERLAP, PF, W, RT>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 16) return LaunchWgmma<2, D32, PDL, OVERLAP, PF, W, RT>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 32) return LaunchWgmma<4, D32, PDL, OVERLAP, PF, W, RT>(x, m, k, codes, exps, n, y, ldy, stream);
+  if (m <= 64) return LaunchWgmma<8, D, PDL, OVERLAP, PF, W, RT>(x, m, k, codes, exps, n, y, ldy, stream);
   return cudaErrorInvalidValue;
 }
 

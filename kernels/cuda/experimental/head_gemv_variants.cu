@@ -109,6 +109,15 @@ cudaError_t HeadGemvFp8Variant(const uint16_t* x, int m, int64_t k, const uint8_
       case 820: return DispatchProduction<8>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 821: return DispatchProduction<16>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 822: return DispatchProduction<32>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      // Round 7: 16 warps x 1 tile (W = 16, RT = 1).
+      case 830: return DispatchWgmma<2, true, false, true, 4, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 831: return DispatchWgmma<4, true, false, true, 4, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 832: return DispatchWgmma<4, true, false, false, 4, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 833: return DispatchWgmma<4, true, true, true, 4, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 834: return DispatchWgmma<2, true, true, true, 2, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 835: return DispatchWgmma<2, true, false, false, 4, 0, 16, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 836: return DispatchWgmma<4, true, false, true, 4, 0, 12, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
+      case 837: return DispatchWgmma<2, true, false, true, 4, 0, 12, 1>(xp, mm, k, codes, exps, n, yp, ldy, stream);
       case 504: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 4, stream);
       case 506: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 6, stream);
       case 508: return Ring<8, 4, false, false>(xp, mm, k, codes, exps, n, yp, ldy, 8, stream);

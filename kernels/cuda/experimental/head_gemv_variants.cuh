@@ -34,6 +34,11 @@ namespace drafthead::cuda {
 // PDL (production since 2026-12-05, at depth 4 for N = 32), 804 = 800 at depth 4, 805 = 804 with each step waiting for its own wgmmas (one set of A
 // registers); 810 / 814 / 815 = wgmma for every M (N = 8, 16, 32, 64) as 800 / 804 / 805;
 // 820 / 821 / 822 = the production dispatch with the wgmma kernels' L2 prefetch 8 / 16 / 32 steps ahead.
+// Round 7 (16 warps a CTA, each owning one 16-row tile: half the accumulators and A registers a
+// warp, twice the warps an SM): 830 = the production dispatch so (depth 2 at N = 64, 4 at N <= 32),
+// 831 = depth 4 at N = 64 too, 832 = 831 with each step waiting for its own wgmmas, 833 / 834 =
+// wgmma for every M (N = 8, 16, 32, 64) at depth 4 / 2, 835 = 830 with each step waiting for its
+// own wgmmas; 836 / 837 = 12 warps a CTA (170 registers a thread) at depth 4 / 2 for N = 64.
 // Every packed kernel adds K in the same two halves.
 // Unknown variants: cudaErrorInvalidValue.
 // Whether `variant` reads the codes in fragment order (PackFp8Codes's output) rather than row-major.
