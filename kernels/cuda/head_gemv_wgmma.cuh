@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/head_gemv_kernel.cuh"
 
@@ -132,17 +133,20 @@ struct Wgmma<64> {
 // zeros. Warp w stages rows w, w + 8, ...: one batch row's 128 bytes a cp.async instruction.
 template <int NB, int W>
 __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int step, int ls) {
+  // 8 warps: production's code as measured (docs/cuda.md round 5); more warps (round 7) index x in
+  // 32 bits (LaunchWgmma's bound), which keeps the 128-register kernels from spilling.
+  using Index = std::conditional_t<W == 8, int64_t, int>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = lane >> 3, j = (lane >> 1) & 3, h = lane & 1;
-  const int64_t col = static_cast<int64_t>(step) * 64 + 2 * lane;
+  const Index col = static_cast<Index>(step) * 64 + 2 * lane, kk = static_cast<Index>(a.k);
   const uint32_t dst0 = buf + (ls * 4 + j) * SliceBytes(NB) + h * kXCoreLbo + t * 4;
 #pragma unroll
   for (int it = 0; it < (8 * NB + W - 1) / W; ++it) {
     const int row = warp + W * it;  // core-matrix row row / 8, 16-byte row row % 8
     if (8 * NB % W != 0 && row >= 8 * NB) break;  // warp-uniform
-    const bool ok = row < a.m && col < a.k;
-    CpAsync4(dst0 + (row >> 3) * kXCoreSbo + (row & 7) * 16, ok ? a.x + row * a.k + col : a.x,
-             ok ? 4u : 0u);
+    const int core = W == 8 ? it : row >> 3, row16 = W == 8 ? warp : row & 7;
+    const bool ok = row < a.m && col < kk;
+    CpAsync4(dst0 + core * kXCoreSbo + row16 * 16, ok ? a.x + row * kk + col : a.x, ok ? 4u : 0u);
   }
 }
 
@@ -318,6 +322,8 @@ cudaError_t LaunchWgmma(const uint16_t* x, int m, int64_t k, const uint8_t* code
   static std::atomic<uint64_t> prepared{0};
   int sms = 0;
   DH_CUDA_TRY(PrepareKernel(kernel, prepared, &sms));
+  // StageXStep's 32-bit offsets into x beyond 8 warps (round 7).
+  if (W != 8 && static_cast<int64_t>(m) * k >= (int64_t{1} << 31) - 64) return cudaErrorInvalidValue;
   GemvArgs a{x, codes, exps, y, k, n, ldy, m, 0, 0, 0, 0, PackedSteps(k)};
   a.steps = static_cast<int>(a.pack_steps);
   const size_t step_bytes = XStepBytes(NB);
