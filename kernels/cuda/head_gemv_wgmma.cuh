@@ -130,7 +130,7 @@ struct Wgmma<64> {
 
 // Stages one 64-column step of x (global step `step`) for every batch row into the slices of
 // local step `ls` of the buffer at `buf` (the layout above); rows past m and columns past k are
-// zeros. Warp w stages rows w, w + 8, ...: one batch row's 128 bytes a cp.async instruction.
+// zeros. Warp w of W stages rows w, w + W, ...: one batch row's 128 bytes a cp.async instruction.
 template <int NB, int W>
 __device__ __forceinline__ void StageXStep(const GemvArgs& a, uint32_t buf, int step, int ls) {
   // 8 warps: production's code as measured (docs/cuda.md round 5); more warps (round 7) index x in
