@@ -1,12 +1,13 @@
 #!/bin/bash
 # The fp8 GEMV's device run (docs/cuda.md, rounds 3-4): after `source bench/gpu/env.sh`, from the
 # repository root, in one call of the device tool:
-#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|all]...
+#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|all]...
 # new: the tests matching $NEW once (the new kernels' tests, run first so a failure shows before
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
 # only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
 # on one M = 1 launch on one shard of the production kernel and of the row-major one.
+# round7: the wgmma variants 830-837 (docs/cuda.md round 7) by ncu and by the bench.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -26,6 +27,15 @@ for what in "${@:-all}"; do
   if [[ $what == new ]]; then
     step new_tests 240 cuda_kernels_test --gtest_filter="${NEW:-*FragmentOrder*}"
     grep -E "fragment order:|wgmma:|Failure|Expected|Which is|m=" "$out/new_tests.log" | head -30
+  fi
+  if [[ $what == round7 ]]; then
+    # docs/cuda.md round 7's table: each wgmma launch of the bit-for-bit test timed by ncu (one
+    # launch each, caches flushed; how session 28's figures were made), then the bench's columns.
+    step round7_ncu 120 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:Wgmma --csv \
+      cuda_kernels_test --gtest_filter='CudaGemv.OneTile*'
+    step round7_bench 200 drafthead-bench-cuda --no-epilogue --variants=801,830,831,832,833,834,835,836,837 \
+      --ms=1,5,16,17,32,48,64
+    cat "$out/round7_bench.log"
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
