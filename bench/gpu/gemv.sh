@@ -1,13 +1,15 @@
 #!/bin/bash
 # The fp8 GEMV's device run (docs/cuda.md, rounds 3-4): after `source bench/gpu/env.sh`, from the
 # repository root, in one call of the device tool:
-#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|all]...
+#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|stalls|all]...
 # new: the tests matching $NEW once (the new kernels' tests, run first so a failure shows before
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
 # only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
 # on one M = 1 launch on one shard of the production kernel and of the row-major one.
 # round7: the wgmma variants 830-837 (docs/cuda.md round 7) by ncu and by the bench.
+# stalls: ncu's warp-state, scheduler, memory and occupancy sections for production's wgmma kernel
+# (8 warps x 2 tiles) and round 7's 835 (16 x 1) at M = 64 on one shard: what their warps wait on.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -36,6 +38,15 @@ for what in "${@:-all}"; do
     step round7_bench 200 drafthead-bench-cuda --no-epilogue --variants=801,830,831,832,833,834,835,836,837 \
       --ms=1,5,16,17,32,48,64
     cat "$out/round7_bench.log"
+  fi
+  if [[ $what == stalls ]]; then
+    # Every wgmma launch of a short bench run (production's column and 835's, warm-ups included),
+    # each replayed by ncu per section; the summary keeps each launch's name and key rows.
+    step stalls 300 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      -k regex:Wgmma -c 16 drafthead-bench-cuda --no-epilogue --variants=835 --ms=64 --ns=32320 --iters=3
+    grep -E "GemvFp8Wgmma|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Theoretical Occupancy|Eligible Warps|Issued Warp|No Eligible|Active Warps Per|Warp Cycles Per Issued|Registers Per|Block Limit" \
+      "$out/stalls.log" | cut -c1-160 | head -120
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
