@@ -8,7 +8,8 @@
 #    variant 6), GPU us behind a GEMV; prints the top-8 points where the default is slower.
 # 3. Only if the tests passed: the epilogue tests and cuda_backend_test REPS times each
 #    (BACKEND=0: the epilogue tests only; the backend's 50 take ~480 s on an H100).
-# NCU=1: ncu (clock control off) on the group family's two kernels at top-8 x64.
+# NCU=1: ncu (clock control off) on the group family's two kernels at each point of EPI (default
+# "top-8 x64"; e.g. EPI='top-8 x1,top-8 x5,top-8 x64'), duration, SpeedOfLight and warp states.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -32,9 +33,14 @@ grep -E -A14 "^## N=|epilogue \(M rows\)" "$out/epilogue_table.log" | grep -E "^
 slower=$(grep "^| top-8" "$out/epilogue_table.log" | awk -F'|' '$12 + 0 > $14 + 0 {n++} END {print n + 0}')
 echo "top-8 points where the default is slower than the split path: $slower" | tee -a "$out/summary.txt"
 if [[ ${NCU:-0} == 1 ]]; then
-  step ncu_group 90 ncu --clock-control none --section SpeedOfLight -k regex:Group -c 2 \
-    drafthead-bench-cuda --quick --ns=129280 --ms=64 --iters=3 --epi="top-8 x64"
-  grep -E "Group|Duration|Throughput" "$out/ncu_group.log" | head -24
+  IFS=, read -ra epis <<<"${EPI:-top-8 x64}"
+  for e in "${epis[@]}"; do
+    name=ncu_group_${e// /_}
+    step "$name" 90 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+      --section LaunchStats -k regex:Group -c 2 drafthead-bench-cuda --quick --ns=129280 --ms=64 --iters=3 --epi="$e"
+    echo "### $e"
+    grep -E "Group|Duration|Throughput|Warp Cycles Per Issued|Grid Size" "$out/$name.log" | head -24
+  done
 fi
 if [[ $tests_rc == 0 ]]; then
   reps=${REPS:-50}

@@ -17,8 +17,9 @@
 #         k=8, unary and stream, c=1, alternating runs (ROUNDS, default 3); ratio of median p50s.
 # python: bench/python_client_bench.py against the tp=1 server, torch CUDA tensors and numpy (with
 #         serve: over the Unix socket too, and issue 22's Python target checked).
-# tests:  every GPU test binary (label cuda) with --gtest_repeat=50, run at once, each bounded by
-#         TEST_TIMEOUT (last: a slow test run cannot cost the tables above); logs to $OUT if set.
+# tests:  every GPU test binary (label cuda) with --gtest_repeat=50, each split into TEST_SHARDS
+#         (default 3) gtest shards, all at once, each bounded by TEST_TIMEOUT (last: a slow test
+#         run cannot cost the tables above); logs to $OUT if set.
 # Prints Markdown tables; SECS (default 4) sets the measured seconds per point, TEST_TIMEOUT (default
 # 180) the seconds per test binary (50 repeats; rerun `tests` alone with more if one times out).
 set -uo pipefail
@@ -202,30 +203,36 @@ fi
 
 # Last, so a test run that outlasts its budget cannot cost the serving table.
 if want tests; then
-  echo; echo "## GPU tests, --gtest_repeat=50"
+  shards=${TEST_SHARDS:-3}
+  echo; echo "## GPU tests, --gtest_repeat=50, each binary in $shards gtest shards"
   echo "| test binary | result | seconds |"
   echo "| --- | --- | --- |"
-  # The two binaries at once: their float64 references are single-threaded CPU work, so one after
-  # the other does not fit one device call; at once they also contend for the GPU, which a race
-  # would rather show than hide.
+  # Every shard of both binaries at once: their float64 references are single-threaded CPU work,
+  # so one after the other does not fit one device call (cuda_backend_test alone ran past 500 s);
+  # at once they also contend for the GPU, which a race would rather show than hide.
   tests=(cuda_backend_test cuda_kernels_test)
   t0=$SECONDS
   for t in "${tests[@]}"; do
-    (timeout ${TEST_TIMEOUT:-180} "$DH/bin/tests/$t" --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.log" 2>&1
-     echo $? >"$tmp/$t.rc"; echo $((SECONDS - t0)) >"$tmp/$t.secs") &
+    for ((i = 0; i < shards; ++i)); do
+      (GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-180} "$DH/bin/tests/$t" \
+         --gtest_repeat=50 --gtest_brief=1 >"$tmp/$t.$i.log" 2>&1
+       echo $? >"$tmp/$t.$i.rc"; echo $((SECONDS - t0)) >"$tmp/$t.$i.secs") &
+    done
   done
   wait
   for t in "${tests[@]}"; do
-    rc=$(cat "$tmp/$t.rc")
-    fails=$(grep -c '^\[  FAILED  \]' "$tmp/$t.log")
-    res="pass (50 repeats)"
-    # --gtest_brief prints one "[==========] N tests from M test suites ran." line per finished repeat.
-    done_n=$(grep -c '^\[==========\] .* ran\.' "$tmp/$t.log")
-    [ "$rc" -eq 124 ] && res="TIMEOUT after $done_n finished repeats, $fails failures"
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && res="FAIL rc=$rc, $fails failures"
-    echo "| $t | $res | $(cat "$tmp/$t.secs") |"
-    [ "$rc" -ne 0 ] && grep -E '^\[  FAILED  \]|Failure|error' "$tmp/$t.log" | sort | uniq -c | head -20
-    cp "$tmp/$t.log" "${OUT:-$tmp}/" 2>/dev/null || true
+    for ((i = 0; i < shards; ++i)); do
+      log=$tmp/$t.$i.log rc=$(cat "$tmp/$t.$i.rc")
+      fails=$(grep -c '^\[  FAILED  \]' "$log")
+      # --gtest_brief prints one "[==========] N tests from M test suites ran." line per finished repeat.
+      done_n=$(grep -c '^\[==========\] .* ran\.' "$log")
+      res="pass ($done_n repeats of $(grep -m1 -oE '^\[==========\] [0-9]+ tests' "$log" | grep -oE '[0-9]+') tests)"
+      [ "$rc" -eq 124 ] && res="TIMEOUT after $done_n finished repeats, $fails failures"
+      [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && res="FAIL rc=$rc, $fails failures"
+      echo "| $t shard $i of $shards | $res | $(cat "$tmp/$t.$i.secs") |"
+      [ "$rc" -ne 0 ] && grep -E '^\[  FAILED  \]|Failure|error' "$log" | sort | uniq -c | head -20
+      cp "$log" "${OUT:-$tmp}/" 2>/dev/null || true
+    done
   done
   stamp tests
 fi
