@@ -79,10 +79,11 @@ ABSL_FLAG(std::string, queue_policy, "fair",
           "does not delay the others) or fifo (submission order across callers, the queue before fair "
           "queueing; for comparison)");
 ABSL_FLAG(uint32_t, max_queue_delay_us, 0, "How long a batch may wait to fill (0: take what is waiting)");
-ABSL_FLAG(bool, split_requests, false,
+ABSL_FLAG(bool, split_requests, true,
           "A batch that would end short of --max-rows takes the first rows of the next request, "
           "its other rows following in a later batch (the same answers: rows are independent of "
-          "their batch mates); not for rows bound for a CUDA region's device memory");
+          "their batch mates); not for rows bound for a CUDA region's device memory. Off: whole "
+          "requests only");
 ABSL_FLAG(uint32_t, max_batch_requests, 0, "Most requests packed into one batch (0: no limit; 1: batching off)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(5), "Longest one batch's collectives may take before the group is declared failed");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120), "How long ranks wait for each other to join");

@@ -115,7 +115,9 @@ struct BatcherOptions {
   std::chrono::microseconds max_queue_delay{0};
   uint32_t max_requests = 0;  // most requests in one batch (0: no limit; 1: batching off)
   // A batch that would end short of max_rows takes the first rows of the next request (one
-  // without a device destination), the rest following in a later batch (split_request.h).
+  // without a device destination), the rest following in a later batch (split_request.h). Off
+  // here (whole requests: what the batcher's own tests assume); the server's --split-requests
+  // turns it on by default.
   bool split_requests = false;
 };
 
