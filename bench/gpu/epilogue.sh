@@ -9,7 +9,8 @@
 # 3. Only if the tests passed: the epilogue tests and cuda_backend_test REPS times each
 #    (BACKEND=0: the epilogue tests only; the backend's 50 take ~480 s on an H100).
 # NCU=1: ncu (clock control off) on the group family's two kernels at each point of EPI (default
-# "top-8 x64"; e.g. EPI='top-8 x1,top-8 x5,top-8 x64'), duration, SpeedOfLight and warp states.
+# "top-8 x64"; e.g. EPI='top-8 x1,top-8 x5,top-8 x64'), duration, SpeedOfLight and warp states;
+# with OLD=PATH (an older drafthead-bench-cuda) also by that binary, alternating, and a table.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -33,14 +34,28 @@ grep -E -A14 "^## N=|epilogue \(M rows\)" "$out/epilogue_table.log" | grep -E "^
 slower=$(grep "^| top-8" "$out/epilogue_table.log" | awk -F'|' '$12 + 0 > $14 + 0 {n++} END {print n + 0}')
 echo "top-8 points where the default is slower than the split path: $slower" | tee -a "$out/summary.txt"
 if [[ ${NCU:-0} == 1 ]]; then
+  # OLD=PATH (another build's drafthead-bench-cuda, e.g. carried in bundle-gpu/old/): each point's
+  # kernels by both binaries, alternating old / new twice, durations side by side.
+  whos=(new); [[ -n ${OLD:-} ]] && whos=(old new old new)
   IFS=, read -ra epis <<<"${EPI:-top-8 x64}"
   for e in "${epis[@]}"; do
-    name=ncu_group_${e// /_}
-    step "$name" 90 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
-      --section LaunchStats -k regex:Group -c 2 drafthead-bench-cuda --quick --ns=129280 --ms=64 --iters=3 --epi="$e"
-    echo "### $e"
-    grep -E "Group|Duration|Throughput|Warp Cycles Per Issued|Grid Size" "$out/$name.log" | head -24
+    for ((w = 0; w < ${#whos[@]}; ++w)); do
+      who=${whos[$w]} bin=drafthead-bench-cuda
+      [[ $who == old ]] && bin=$OLD
+      name=ncu_group_${e// /_}_${who}$w
+      step "$name" 90 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section LaunchStats -k regex:Group -c 2 "$bin" --quick --ns=129280 --ms=64 --iters=3 --epi="$e"
+      echo "### $e, $who"
+      grep -E "Group|Duration|Throughput|Warp Cycles Per Issued|Grid Size" "$out/$name.log" | head -24
+    done
   done
+  for e in "${epis[@]}"; do  # the duration table
+    for ((w = 0; w < ${#whos[@]}; ++w)); do
+      awk -v e="$e" -v who="${whos[$w]}" '/GroupScan|GroupMerge/{k=($0 ~ /GroupScan/) ? "scan" : "merge"}
+        /Duration/{d[k]=$NF} END{printf "| %s | %s | %s | %s |\n", e, who, d["scan"], d["merge"]}' \
+        "$out/ncu_group_${e// /_}_${whos[$w]}$w.log"
+    done
+  done | { echo "| point | binary | GroupScan us | GroupMerge us |"; echo "| --- | --- | --- | --- |"; cat; }
 fi
 if [[ $tests_rc == 0 ]]; then
   reps=${REPS:-50}
