@@ -8,8 +8,8 @@
 # only, so a failing variant cannot lose it), then the full table; NCU=1: ncu (clock control off)
 # on one M = 1 launch on one shard of the production kernel and of the row-major one.
 # round7: the wgmma variants 830-837 (docs/cuda.md round 7) by ncu and by the bench.
-# stalls: ncu's warp-state, scheduler, memory and occupancy sections for production's wgmma kernel
-# (8 warps x 2 tiles) and round 7's 835 (16 x 1) at M = 64 on one shard: what their warps wait on.
+# stalls: ncu's sections and stall reasons for one M = 64 launch on one shard of production's wgmma
+# kernel (8 warps x 2 tiles) and of round 7's 835 (16 x 1): what their warps wait on.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -40,13 +40,18 @@ for what in "${@:-all}"; do
     cat "$out/round7_bench.log"
   fi
   if [[ $what == stalls ]]; then
-    # Every wgmma launch of a short bench run (production's column and 835's, warm-ups included),
-    # each replayed by ncu per section; the summary keeps each launch's name and key rows.
-    step stalls 300 ncu --clock-control none --section SpeedOfLight --section Occupancy \
-      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      -k regex:Wgmma -c 16 drafthead-bench-cuda --no-epilogue --variants=835 --ms=64 --ns=32320 --iters=3
-    grep -E "GemvFp8Wgmma|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Theoretical Occupancy|Eligible Warps|Issued Warp|No Eligible|Active Warps Per|Warp Cycles Per Issued|Registers Per|Block Limit" \
-      "$out/stalls.log" | cut -c1-160 | head -120
+    # One M = 64 launch of each kernel (picked by its demangled template arguments: W warps, RT
+    # tiles), its sections and the stall reasons a issued instruction, instructions, warps
+    # active / eligible (how session 29's table in docs/cuda.md round 7 was made).
+    for kern in 'production|\(int\)8, \(int\)2>' '835|\(int\)16, \(int\)1>'; do
+      step "stalls_${kern%%|*}" 120 ncu --clock-control none --kernel-name-base demangled -k "regex:${kern#*|}" -c 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum' \
+        drafthead-bench-cuda --no-epilogue --variants=835 --ms=64 --ns=32320 --iters=3
+      echo "### ${kern%%|*}"
+      grep -E "GemvFp8Wgmma|Duration|DRAM Throughput|L2 Cache Throughput|Issued Warp|No Eligible|Active Warps Per S|Eligible Warps|inst_executed|stalled" \
+        "$out/stalls_${kern%%|*}.log" | awk '!/stalled/ || $NF + 0 >= 0.05' | cut -c1-150
+    done
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
