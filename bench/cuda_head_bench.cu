@@ -151,6 +151,38 @@ int main(int argc, char** argv) {
   float* y;
   CK(cudaMalloc(&y, size_t{64} * 129280 * 4));
 
+  // Columns: the row-major kernel of rounds 1-3 (production until issue 23) and it with PDL;
+  // on codes in fragment order (head_gemv_variants.cuh lists the variants): 16 warps a CTA at
+  // depth 4 (no K split), the mma.sync dispatch (770; production up to 16 rows, and above until
+  // wgmma), it with PDL, with balanced contiguous unit ranges on every SM (780, M <= 16), at
+  // depth 4 above M = 16.
+  struct Col {
+    const char* name;
+    int variant;
+    int max_m;
+  };
+  // Issue 23's wgmma kernels (M > 16, then every M): 800 (depth 2), 801 (+PDL), 804 (depth 4),
+  // 805 (depth 4, each step waits for its wgmmas), 810 / 814 / 815 (every M on wgmma), 820-822
+  // (production with an L2 prefetch 8 / 16 / 32 steps ahead), 830-837 (round 7: 16 or 12 warps of
+  // one tile).
+  std::vector<Col> cols;
+  for (const Col& c : std::vector<Col>{
+           {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
+           {"mma.sync", 770, 64},   {"mma.sync+pdl", 771, 64},          {"fp8 balanced", 780, 16},
+           {"fp8 dl4", 774, 64},    {"wgmma", 800, 64},            {"wgmma+pdl", 801, 64},
+           {"wgmma d4", 804, 64},   {"wgmma d4 wait0", 805, 64},   {"wgmma all", 810, 64},
+           {"wgmma all d4", 814, 64}, {"wgmma all d4 wait0", 815, 64}, {"wgmma pf8", 820, 64},
+           {"wgmma pf16", 821, 64},   {"wgmma pf32", 822, 64}, {"16w x1", 830, 64},
+           {"16w x1 d4", 831, 64},   {"16w x1 d4 wait0", 832, 64}, {"16w all d4", 833, 64},
+           {"16w all", 834, 64},     {"16w x1 wait0", 835, 64},  {"12w x1 d4", 836, 64},
+           {"12w x1", 837, 64}})
+    if (variants.empty() || std::find(variants.begin(), variants.end(), c.variant) != variants.end())
+      cols.push_back(c);
+  // A variant without a column would be silently left out.
+  for (int64_t v : variants)
+    if (std::none_of(cols.begin(), cols.end(), [v](const Col& c) { return c.variant == v; }))
+      std::fprintf(stderr, "drafthead-bench-cuda: --variants: %lld has no column (ignored)\n",
+                   static_cast<long long>(v));
   for (int64_t N : ns) {
     const size_t wbytes = size_t(N) * K;
     const size_t ebytes = (N + 31) / 32 * (K / 32);
@@ -181,39 +213,6 @@ int main(int argc, char** argv) {
     });
     std::printf("twin build: %.3f ms (reads %.0f MB, writes %.0f MB); fragment-order packing %.3f ms\n\n",
                 twin_ms, wbytes * 2 / 1e6, fp8_mb, pack_ms);
-    // Columns: the row-major kernel of rounds 1-3 (production until issue 23) and it with PDL;
-    // on codes in fragment order (head_gemv_variants.cuh lists the variants): 16 warps a CTA at
-    // depth 4 (no K split), the mma.sync dispatch (770; production up to 16 rows, and above until
-    // wgmma), it with PDL, with balanced contiguous unit ranges on every SM (780, M <= 16), at
-    // depth 4 above M = 16.
-    struct Col {
-      const char* name;
-      int variant;
-      int max_m;
-    };
-    // Issue 23's wgmma kernels (M > 16, then every M): 800 (depth 2), 801 (+PDL), 804 (depth 4),
-    // 805 (depth 4, each step waits for its wgmmas), 810 / 814 / 815 (every M on wgmma), 820-822
-    // (production with an L2 prefetch 8 / 16 / 32 steps ahead), 830-837 (round 7: 16 or 12 warps of
-    // one tile).
-    std::vector<Col> cols;
-    for (const Col& c : std::vector<Col>{
-             {"row-major d4", 4, 64}, {"row-major d4+pdl", 604, 64}, {"pk 16w d4", 700, 64},
-             {"mma.sync", 770, 64},   {"mma.sync+pdl", 771, 64},          {"fp8 balanced", 780, 16},
-             {"fp8 dl4", 774, 64},    {"wgmma", 800, 64},            {"wgmma+pdl", 801, 64},
-             {"wgmma d4", 804, 64},   {"wgmma d4 wait0", 805, 64},   {"wgmma all", 810, 64},
-             {"wgmma all d4", 814, 64}, {"wgmma all d4 wait0", 815, 64}, {"wgmma pf8", 820, 64},
-             {"wgmma pf16", 821, 64},   {"wgmma pf32", 822, 64}, {"16w x1", 830, 64},
-             {"16w x1 d4", 831, 64},   {"16w x1 d4 wait0", 832, 64}, {"16w all d4", 833, 64},
-             {"16w all", 834, 64},     {"16w x1 wait0", 835, 64},  {"12w x1 d4", 836, 64},
-             {"12w x1", 837, 64}})
-      if (variants.empty() || std::find(variants.begin(), variants.end(), c.variant) != variants.end())
-        cols.push_back(c);
-    // A variant without a column would be silently left out: said once, not once per N.
-    if (N == ns.front())
-      for (int64_t v : variants)
-        if (std::none_of(cols.begin(), cols.end(), [v](const Col& c) { return c.variant == v; }))
-          std::fprintf(stderr, "drafthead-bench-cuda: --variants: %lld has no column (ignored)\n",
-                       static_cast<long long>(v));
     std::printf("| M | fp8 us | GB/s | %% of stream |");
     for (const Col& c : cols) std::printf(" %s us |", c.name);
     std::printf(" best variant %% of stream | cuBLAS bf16 us | bf16/fp8 |\n|");
