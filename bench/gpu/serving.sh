@@ -21,7 +21,7 @@
 #         (default 3) gtest shards, all at once, each bounded by TEST_TIMEOUT (last: a slow test
 #         run cannot cost the tables above); logs to $OUT if set.
 # Prints Markdown tables; SECS (default 4) sets the measured seconds per point, TEST_TIMEOUT (default
-# 180) the seconds per test binary (50 repeats; rerun `tests` alone with more if one times out).
+# 180) the seconds per test shard (50 repeats; rerun `tests` alone with more if one times out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/env.sh
