@@ -223,6 +223,7 @@ class Run {
                                             t.gemv_us(), t.epilogue_us(), t.gather_us(),
                                             t.d2h_us(), t.combine_us(), t.server_us()};
     std::copy(stages, stages + kTimingStages, sr.stage_us);
+    sr.step_untimed = t.step_untimed();
     Record(start_ns, done_ns, seq, caller, 0, sr, nullptr);
   }
 
@@ -253,7 +254,8 @@ class Run {
       t->queue.Record(r.queue_us);
       t->compute.Record(r.compute_us);
       t->batch_rows.Record(r.batch_rows);
-      for (int i = 0; i < kTimingStages; ++i) t->stages[i].Record(r.stage_us[i]);
+      for (int i = 0; i < kTimingStages; ++i)
+        if (!(r.step_untimed && IsStepStage(i))) t->stages[i].Record(r.stage_us[i]);
       const int64_t server_ns = (int64_t{r.queue_us} + r.compute_us) * 1000;
       t->overhead.Record(static_cast<uint64_t>(std::max<int64_t>(0, lat - server_ns)));
     }

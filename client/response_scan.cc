@@ -25,6 +25,10 @@ bool ScanTiming(CodedInputStream& in, ScannedResponse* out) {
       } else {
         (field == 1 ? out->queue_us : field == 2 ? out->compute_us : out->batch_rows) = v;
       }
+    } else if (field == 13 && WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT) {
+      uint64_t v;
+      if (!in.ReadVarint64(&v)) return false;
+      out->step_untimed = v != 0;
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return false;
     }

@@ -17,10 +17,13 @@ inline constexpr int kMalformedCode = 13;  // INTERNAL: an answer we could not r
 inline constexpr int kTimingStages = 9;
 inline constexpr const char* kTimingStageNames[kTimingStages] = {
     "validate", "broadcast", "h2d", "gemv", "epilogue", "gather", "d2h", "combine", "server"};
+// The stages Timing.step_untimed (field 13) says were not measured: h2d, gemv, epilogue, d2h.
+inline constexpr bool IsStepStage(int stage) { return stage >= 2 && stage <= 6 && stage != 5; }
 
 struct ScannedResponse {
   uint32_t rows = 0, queue_us = 0, compute_us = 0, batch_rows = 0;
   uint32_t stage_us[kTimingStages] = {};
+  bool step_untimed = false;  // Timing.step_untimed: the IsStepStage stages read 0, unmeasured
   int32_t error_code = 0;
   bool has_error_message = false;
 };

@@ -420,6 +420,50 @@ TEST(MetricsTest, ExportsQueuedRowsPerCallerClassAndTheWaits) {
   EXPECT_NE(m.Render().find("drafthead_caller_queue_rows{class=\"unary\"} 0"), std::string::npos);
 }
 
+// A batch whose device stages were not timed (sampled stage events) adds no sample to their
+// histograms, and KServe's statistics count its wall time less the collectives as infer; a timed
+// one splits as before.
+TEST(MetricsTest, UntimedStepsAddNoStageSamplesAndCountTheirWallTimeAsInfer) {
+  Metrics m(2);
+  StageTimes timed;
+  timed.broadcast_us = 5;
+  timed.h2d_us = 10;
+  timed.gemv_us = 200;
+  timed.epilogue_us = 20;
+  timed.gather_us = 7;
+  timed.d2h_us = 3;
+  StageTimes untimed;
+  untimed.broadcast_us = 4;
+  untimed.gather_us = 6;
+  untimed.step_untimed = true;
+  m.RecordBatch(5, 1, 250e-6, timed);
+  m.RecordBatch(5, 1, 240e-6, untimed);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("drafthead_stage_seconds_count{stage=\"gemv\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("drafthead_stage_seconds_count{stage=\"d2h\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("drafthead_stage_seconds_count{stage=\"gather\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("drafthead_compute_seconds_count 2\n"), std::string::npos) << text;
+  // Per batch: (5 + 10) + (4) input, (200 + 20 + 7) + (240 - 4) infer, 3 + 0 output.
+  const InferenceStats after_batches = m.inference_stats();
+  const ComputeStats& b = after_batches.batches.at(1);
+  EXPECT_EQ(b.input.ns, 19'000u);
+  EXPECT_EQ(b.infer.ns, 463'000u);
+  EXPECT_EQ(b.output.ns, 3'000u);
+  EXPECT_EQ(b.infer.count, 2u);
+  // Per request, from the response's Timing: the same rule, plus its own validate / combine.
+  RequestStages rs;
+  rs.validate_us = 2;
+  rs.combine_us = 1;
+  rs.compute_us = 240;
+  rs.batch = untimed;
+  m.RecordInference(true, 1, 300'000, &rs);
+  const InferenceStats after_request = m.inference_stats();
+  const ComputeStats& c = after_request.compute;
+  EXPECT_EQ(c.input.ns, 6'000u);
+  EXPECT_EQ(c.infer.ns, 236'000u);
+  EXPECT_EQ(c.output.ns, 1'000u);
+}
+
 // Records what it is offered; runs (completes) an item only when told to.
 class FakeRunner : public InlineRunner {
  public:

@@ -61,12 +61,28 @@ TEST(ScanLogitsResponse, MatchesTheMessage) {
   r.mutable_timing()->set_queue_us(123);
   r.mutable_timing()->set_compute_us(456);
   r.mutable_timing()->set_batch_rows(17);
+  r.mutable_timing()->set_gemv_us(200);
+  r.mutable_timing()->set_server_us(900);
   ScannedResponse s;
   ASSERT_TRUE(ScanLogitsResponse(r.SerializeAsString(), &s));
   EXPECT_EQ(s.rows, 3u);
   EXPECT_EQ(s.queue_us, 123u);
   EXPECT_EQ(s.compute_us, 456u);
   EXPECT_EQ(s.batch_rows, 17u);
+  EXPECT_EQ(s.stage_us[3], 200u);  // gemv
+  EXPECT_EQ(s.stage_us[8], 900u);  // server
+  EXPECT_FALSE(s.step_untimed);
+  // The stages step_untimed names are the backend's: h2d, gemv, epilogue, d2h.
+  for (int i = 0; i < kTimingStages; ++i) {
+    const std::string name = kTimingStageNames[i];
+    EXPECT_EQ(IsStepStage(i), name == "h2d" || name == "gemv" || name == "epilogue" || name == "d2h") << name;
+  }
+  r.mutable_timing()->set_step_untimed(true);
+  ScannedResponse u;
+  ASSERT_TRUE(ScanLogitsResponse(r.SerializeAsString(), &u));
+  EXPECT_TRUE(u.step_untimed);
+  EXPECT_EQ(u.stage_us[8], 900u);
+  r.mutable_timing()->set_step_untimed(false);
   EXPECT_EQ(s.error_code, 0);
   r.mutable_error()->set_code(3);
   r.mutable_error()->set_message("top_k: bad");

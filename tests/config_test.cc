@@ -15,6 +15,7 @@ ABSL_DECLARE_FLAG(std::string, queue_policy);
 ABSL_DECLARE_FLAG(std::string, isa);
 ABSL_DECLARE_FLAG(std::string, unary_api);
 ABSL_DECLARE_FLAG(uint32_t, sync_max_pollers);
+ABSL_DECLARE_FLAG(uint32_t, cuda_stage_events_every);
 
 namespace drafthead {
 namespace {
@@ -110,6 +111,26 @@ TEST(ServerConfigTest, UnaryApiAndPollersReachTheFront) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--unary-api"), std::string::npos) << bad.status();
   absl::SetFlag(&FLAGS_unary_api, "callback");
+}
+
+// --cuda-stage-events-every: one batch in 16 timed by default, reaching the backend's options; 0
+// refused naming the flag (--cuda-stage-events=false is how none are timed).
+TEST(ServerConfigTest, StageEventSamplingReachesTheBackend) {
+  absl::SetFlag(&FLAGS_tp, 1);
+  absl::SetFlag(&FLAGS_synthetic, std::optional<uint64_t>(1));
+  auto dflt = ServerConfigFromFlags();
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_EQ(dflt->backend_options.cuda_stage_events_every, 16u);
+  absl::SetFlag(&FLAGS_cuda_stage_events_every, 1u);
+  auto each = ServerConfigFromFlags();
+  ASSERT_TRUE(each.ok()) << each.status();
+  EXPECT_EQ(each->backend_options.cuda_stage_events_every, 1u);
+  absl::SetFlag(&FLAGS_cuda_stage_events_every, 0u);
+  auto bad = ServerConfigFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--cuda-stage-events-every"), std::string::npos) << bad.status();
+  absl::SetFlag(&FLAGS_cuda_stage_events_every, 16u);
 }
 
 // --isa: auto by default (the widest GEMV this CPU has), an explicit path passed through as it is

@@ -490,26 +490,32 @@ TEST(CudaBackend, RowsGivenOnTheDeviceGiveTheSameAnswer) {
 // batch's host payload, which the completer answers from meanwhile, must stay as it was. With
 // launch_ahead the next batch is also launched there, behind the running one (--launch-ahead), its
 // rows uploaded aside (the other device buffer, a second stream) or, with aside off, in its step;
-// with the stage events off (only the events Finish waits on), every stage time is 0; with
-// overlap_steps the step behind runs on a second stream, at the same time as the other's epilogue.
+// with the stage events off (only the events Finish waits on), every stage time is 0 and the step
+// untimed; with them one step in `every` is timed (its own graph), the rest untimed with zeros;
+// with overlap_steps the step behind runs on a second stream, at the same time as the other's
+// epilogue.
 TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
   DH_SKIP_WITHOUT_GPU();
   ShardWeights host = MakeShard(true);
   const int64_t S = host.geo.shard_rows, K = host.geo.hidden;
   struct Way {
     bool graphs, launch_ahead, aside, events = true, overlap = false;
+    uint32_t every = 1;
   };
-  for (auto [graphs, launch_ahead, aside, events, overlap] :
+  for (auto [graphs, launch_ahead, aside, events, overlap, every] :
        {Way{true, false, true}, Way{false, false, true}, Way{true, true, true}, Way{false, true, true},
         Way{true, true, false}, Way{false, true, false}, Way{true, true, true, false},
         Way{true, true, false, false}, Way{false, true, true, false}, Way{true, true, true, true, true},
         Way{false, true, true, true, true}, Way{true, true, false, true, true},
-        Way{true, true, true, false, true}}) {
+        Way{true, true, true, false, true}, Way{true, true, true, true, false, 3},
+        Way{true, false, true, true, false, 4}, Way{false, true, true, true, false, 3},
+        Way{true, true, true, true, true, 2}}) {
     BackendOptions opt;
     opt.device = 0;
     opt.cuda_graphs = graphs;
     opt.cuda_upload_aside = aside;
     opt.cuda_stage_events = events;
+    opt.cuda_stage_events_every = every;
     opt.cuda_overlap_steps = overlap;
     opt.max_rows = 64;
     auto be = MakeCudaBackend(opt, 0);
@@ -545,6 +551,7 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
     std::memcpy(in, chain[0].x.data(), chain[0].x.size() * 2);
     const uint8_t* last_payload = nullptr;
     bool launched = false;  // batch b was launched during b - 1
+    size_t timed = 0;
     for (size_t b = 0; b < chain.size(); ++b) {
       const BatchControl ctl = ctl_of(chain[b]);
       int calls = 0;
@@ -567,8 +574,11 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(calls, 1);
       const StageTimes st = (*be)->stage_times();
-      if (!events) {
-        EXPECT_EQ(st.h2d_us + st.gemv_us + st.epilogue_us + st.d2h_us, 0u);
+      if (st.step_untimed) {
+        EXPECT_EQ(st.h2d_us + st.gemv_us + st.epilogue_us + st.d2h_us, 0u) << "batch " << b;
+      } else {
+        EXPECT_GT(st.gemv_us, 0u) << "batch " << b << ", every " << every;
+        ++timed;
       }
       EXPECT_EQ(st.graph, graphs) << "batch " << b << ", launch ahead " << launch_ahead << ", aside "
                                   << aside << ", stage events " << events << ", overlap "
@@ -599,6 +609,8 @@ TEST(CudaBackend, RowsWrittenForTheNextBatchWhileOneRunsLeaveItIntact) {
       last_payload = p;
       in = next_in;
     }
+    // Twelve steps in a row hold 12 / every timed ones (every divides 12), wherever the count began.
+    EXPECT_EQ(timed, events ? chain.size() / every : 0u) << "every " << every << ", graphs " << graphs;
   }
 }
 

@@ -161,6 +161,7 @@ absl::StatusOr<v1::LogitsResponse> LaneClient::Finish(const Pending& call, absl:
     t->set_queue_us(tm[0]); t->set_compute_us(tm[1]); t->set_batch_rows(tm[2]); t->set_validate_us(tm[3]);
     t->set_broadcast_us(tm[4]); t->set_h2d_us(tm[5]); t->set_gemv_us(tm[6]); t->set_epilogue_us(tm[7]);
     t->set_gather_us(tm[8]); t->set_d2h_us(tm[9]); t->set_combine_us(tm[10]); t->set_server_us(tm[11]);
+    t->set_step_untimed((c->flags & lane::kDoneStepUntimed) != 0);
     if (call.mode == v1::FULL_LOGITS) {
       if (copy_logits) resp.set_logits(reinterpret_cast<const char*>(ring_->output_area(slot)), call.logits_bytes);
     } else {

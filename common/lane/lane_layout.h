@@ -67,6 +67,7 @@ enum LaneCompletionFlags : uint32_t {
   kDoneProbs = 1u << 0,      // probs were written
   kDoneInOutput = 1u << 1,   // token answers went to the request's output slice, not inline
   kDoneIds64 = 1u << 2,      // the token ids are int64 (the request's kFlagIds64)
+  kDoneStepUntimed = 1u << 3,  // Timing's step_untimed: the batch's h2d .. d2h not measured (0)
 };
 
 // Bytes of a token answer of n = rows x k entries: ids (4 bytes, or 8 with kFlagIds64), values and

@@ -90,6 +90,7 @@ void SetTiming(const BatchRowsResult& result, v1::LogitsResponse* resp) {
   timing->set_epilogue_us(st.epilogue_us);
   timing->set_gather_us(st.gather_us);
   timing->set_d2h_us(st.d2h_us);
+  timing->set_step_untimed(st.step_untimed);
 }
 
 }  // namespace

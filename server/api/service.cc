@@ -105,8 +105,10 @@ void DraftHeadService::Submit(const v1::LogitsRequest& req, CallControl call,
     stages.queue_us = timing.queue_us();
     stages.validate_us = timing.validate_us();
     stages.combine_us = timing.combine_us();
+    stages.compute_us = timing.compute_us();
     stages.batch = {timing.broadcast_us(), timing.h2d_us(), timing.gemv_us(),
                     timing.epilogue_us(), timing.gather_us(), timing.d2h_us()};
+    stages.batch.step_untimed = timing.step_untimed();
     metrics->RecordInference(true, arrived_ms, total_ns, &stages);
     const auto handed = Clock::now();
     done(s, resp);  // unary: Finish serializes the answer; stream: queued in order

@@ -60,9 +60,13 @@ ABSL_FLAG(bool, cuda_overlap_steps, false,
           "and scratch buffers, so that its GEMV may start while the other's epilogue runs (false: "
           "behind it on one stream). Its gemv stage time then counts from its launch");
 ABSL_FLAG(bool, cuda_stage_events, true,
-          "CUDA backend: time each batch's stages (h2d, gemv, epilogue, d2h) with CUDA events, for "
-          "the metrics and the responses' timing (false: those read 0; only the events the batch "
-          "loop waits on are recorded)");
+          "CUDA backend: time batches' stages (h2d, gemv, epilogue, d2h) with CUDA events, for the "
+          "metrics and the responses' timing, one batch in --cuda-stage-events-every (false: none; "
+          "only the events the batch loop waits on are recorded)");
+ABSL_FLAG(uint32_t, cuda_stage_events_every, 16,
+          "CUDA backend: with --cuda-stage-events, time the first batch of every N (1: each one). "
+          "A timed batch costs ~5 us more; the others answer Timing.step_untimed with those stages 0, "
+          "and the metrics' stage histograms hold the timed ones");
 ABSL_FLAG(std::string, unary_api, "callback",
           "gRPC API of the unary ComputeLogits: callback (a callback pool thread runs each call) or "
           "sync (the thread that polled the call runs it: one thread hand-off less, a thread blocked "
@@ -172,6 +176,7 @@ absl::Status ResolveCompute(ServerConfig& c) {
   c.backend_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   c.backend_options.cuda_upload_aside = absl::GetFlag(FLAGS_cuda_upload_aside);
   c.backend_options.cuda_stage_events = absl::GetFlag(FLAGS_cuda_stage_events);
+  c.backend_options.cuda_stage_events_every = absl::GetFlag(FLAGS_cuda_stage_events_every);
   c.backend_options.cuda_overlap_steps = absl::GetFlag(FLAGS_cuda_overlap_steps);
   c.take_ahead = absl::GetFlag(FLAGS_take_ahead);
   c.launch_ahead = absl::GetFlag(FLAGS_launch_ahead);
@@ -220,6 +225,8 @@ absl::Status ResolveLimits(ServerConfig& c) {
     return Bad(absl::StrCat("--unary-api must be callback or sync, not '", api, "'"));
   c.sync_max_pollers = absl::GetFlag(FLAGS_sync_max_pollers);
   if (c.sync_max_pollers < 1 || c.sync_max_pollers > 1024) return Bad("--sync-max-pollers must be in 1..1024");
+  if (c.backend_options.cuda_stage_events_every < 1)
+    return Bad("--cuda-stage-events-every must be >= 1 (--cuda-stage-events=false times none)");
   const std::string policy = absl::GetFlag(FLAGS_queue_policy);
   if (!ParseQueuePolicy(policy, &c.batcher.policy))
     return Bad(absl::StrCat("--queue-policy must be fair or fifo, not '", policy, "'"));

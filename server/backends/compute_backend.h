@@ -33,6 +33,7 @@ struct BackendOptions {
   bool cuda_upload_aside = true;      // a step launched behind another uploads its rows on a second stream by the copy engine, during that one's GEMV (--cuda-upload-aside)
   bool cuda_timing_off_path = true;   // in graphs, the stage events hang off the chain (a side branch), not in it
   bool cuda_stage_events = true;      // time the step's stages with CUDA events (stage_times); off: only the events Finish waits on
+  uint32_t cuda_stage_events_every = 1;  // with them, time the first step of every N (the rest: StageTimes::step_untimed)
   bool cuda_overlap_steps = false;    // a step launched behind another runs on a second stream, with its own logits and scratch: its GEMV may start during that one's epilogue
   size_t cuda_direct_payload_max = 64 * 1024;  // host payloads up to this size written by the epilogue into pinned memory (no D2H copy)
   int cuda_smem_carveout = -1;  // the step's kernels' preferred shared-memory carveout (percent); -1: none given

@@ -12,7 +12,8 @@
 // epilogue into pinned memory when small, else one download; one stream synchronization per Run.
 // FULL_LOGITS rows bound for device memory (BatchControl::device_out: a caller's CUDA region) are
 // copied there from the device payload after the step, and left out of the download.
-// Events between the stages time them (stage_times; zeros with cuda_stage_events off). The step's
+// Events between the stages time them (stage_times), in one step of every cuda_stage_events_every
+// (the rest, and all with cuda_stage_events off, read 0 and step_untimed: ~5 us a step). The step's
 // launches are captured once per shape (rows, epilogue kernels, bytes back) into a CUDA graph and
 // replayed (--cuda-graphs; cuBLAS rows run eagerly); the kernels are programmatic dependents of
 // the one before (kernels/cuda/dependent_launch.cuh).
@@ -279,6 +280,8 @@ class CudaBackend : public ComputeBackend {
     step.direct_payload = space == MemorySpace::kHost && ctl.device_outs == 0 &&
                           layout.bytes() <= opts_.cuda_direct_payload_max;
     step.d2h_bytes = space == MemorySpace::kHost && !step.direct_payload ? HostPayloadBytes(ctl, layout) : 0;
+    step.timed = opts_.cuda_stage_events &&
+                 steps_launched_++ % std::max<uint32_t>(opts_.cuda_stage_events_every, 1) == 0;
     // The step's events and host payload: neither the step in flight's nor the one being answered
     // from (kHostPayloads in turn).
     hpayloads_.Next();
@@ -288,6 +291,7 @@ class CudaBackend : public ComputeBackend {
     launched.space = space;
     launched.buffer = step.buffer;
     launched.upload_aside = step.upload_aside;
+    launched.timed = step.timed;
     DH_RETURN_IF_ERROR(LaunchStep(step, desc, &launched.graphed));
     if (ctl.device_outs > 0) {
       // After the step (its graph holds no caller's addresses), before its last event.
@@ -322,7 +326,7 @@ class CudaBackend : public ComputeBackend {
     const cudaEvent_t last = step.rows_out ? ev[kOutsDone] : ev[4];
     DH_CUDA_CHECK(cudaEventSynchronize(last));
     float ms[4] = {};
-    for (int i = 0; i < (opts_.cuda_stage_events ? 4 : 0); ++i) {
+    for (int i = 0; i < (step.timed ? 4 : 0); ++i) {
       // An upload aside ends on upload_: the GEMV's time starts where stream_ took the step up.
       // The copy stage ends after the rows copied out, when there were any.
       cudaEvent_t from = i == 1 && step.upload_aside ? ev[kGemvStart] : ev[i];
@@ -343,6 +347,7 @@ class CudaBackend : public ComputeBackend {
     times_.epilogue_us = us(ms[2]);
     times_.d2h_us = us(ms[3]);
     times_.graph = step.graphed;
+    times_.step_untimed = !step.timed;
     return static_cast<const void*>(step.space == MemorySpace::kHost ? hpayloads_[step.slot].p
                                                                       : payloads_[Work(step.buffer)].p);
   }
@@ -419,6 +424,7 @@ class CudaBackend : public ComputeBackend {
     bool upload_aside = false;  // uploaded on upload_ before the step (LaunchStep), not in it
     size_t d2h_bytes = 0;  // 0: the payload stays on the device, or is written to the host directly
     bool direct_payload = false;  // the epilogue writes the host payload (hpayloads_[slot])
+    bool timed = true;     // its stages timed by events (cuda_stage_events_every)
     int slot = 0;          // its events_ and hpayloads_ (the D2H's target)
   };
   // A step launched and not yet finished.
@@ -429,6 +435,7 @@ class CudaBackend : public ComputeBackend {
     int buffer = 0;
     bool upload_aside = false;
     bool rows_out = false;  // rows copied to device memory after the step (its last event: kOutsDone)
+    bool timed = true;
   };
 
   // ctl.device_out's rows from the device payload (laid out as `layout`) to their destinations, on
@@ -491,7 +498,7 @@ class CudaBackend : public ComputeBackend {
     bool forked = false;  // the side branch has events to join
     auto stamp = [&](int i) -> absl::Status {
       // Untimed, only the events Finish waits on: after the H2D (the upload buffer free) and last.
-      if (!opts_.cuda_stage_events && i != 1 && i != 4) return absl::OkStatus();
+      if (!s.timed && i != 1 && i != 4) return absl::OkStatus();
       if (branch && i > 0 && i < 4) {
         DH_CUDA_CHECK(cudaEventRecord(forks_[i - 1], stream));
         DH_CUDA_CHECK(cudaStreamWaitEvent(side_, forks_[i - 1], 0));
@@ -509,8 +516,7 @@ class CudaBackend : public ComputeBackend {
     const DeviceMem& dstage = dstages_[s.buffer];
     if (s.upload_aside) {
       // The upload went ahead on upload_ (LaunchStep); the chain starts at the GEMV.
-      if (opts_.cuda_stage_events)
-        DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream, record_flags_));
+      if (s.timed) DH_CUDA_CHECK(cudaEventRecordWithFlags(events_[s.slot][kGemvStart], stream, record_flags_));
     } else {
       DH_RETURN_IF_ERROR(stamp(0));
       auto* up_dst = static_cast<uint8_t*>(dstage.p) + s.upload_from;
@@ -564,13 +570,14 @@ class CudaBackend : public ComputeBackend {
   // already: from the descriptors on) or aside before it; the rest is fixed per shape: the row
   // count, the epilogue's kernels (EpilogueLaunches), the bytes copied back, whether x is
   // uploaded, the slot (its events and the D2H's or the epilogue's host target), whether the
-  // epilogue writes to the host, the buffer and whether the upload went aside.
+  // epilogue writes to the host, the buffer, whether the upload went aside and whether the step
+  // is timed (its stage events).
   absl::Status LaunchStep(const Step& s, const cuda::ReduceRow* desc, bool* graphed) {
     *graphed = false;
     const cudaStream_t stream = StepStream(s.buffer);
     if (s.upload_aside) {
       cudaEvent_t* ev = events_[s.slot];
-      if (opts_.cuda_stage_events) DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
+      if (s.timed) DH_CUDA_CHECK(cudaEventRecord(ev[0], upload_));
       DH_CUDA_CHECK(cudaMemcpyAsync(dstages_[s.buffer].p, stage_.p, s.stage_bytes,
                                     cudaMemcpyHostToDevice, upload_));
       DH_CUDA_CHECK(cudaEventRecord(ev[1], upload_));
@@ -582,7 +589,8 @@ class CudaBackend : public ComputeBackend {
                            static_cast<uint64_t>(s.slot) << 24 | static_cast<uint64_t>(s.buffer) << 26 |
                            static_cast<uint64_t>(s.direct_payload) << 27 |
                            static_cast<uint64_t>(s.upload_from != 0) << 28 |
-                           static_cast<uint64_t>(s.upload_aside) << 29,
+                           static_cast<uint64_t>(s.upload_aside) << 29 |
+                           static_cast<uint64_t>(s.timed) << 30,
                        s.d2h_bytes};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
@@ -703,11 +711,11 @@ class CudaBackend : public ComputeBackend {
   cudaEvent_t events_[kHostPayloads][7] = {};
   std::deque<Launched> launched_;  // in launch order; at most two
   // Executable graphs by step shape (LaunchStep); nullptr: that shape runs eagerly. Bounded: a
-  // server sees few shapes (row counts x mode mixes, x 3 slots x 2 buffers), and beyond
-  // kMaxGraphs steps run eagerly.
+  // server sees few shapes (row counts x mode mixes, x 3 slots x 2 buffers x timed or not), and
+  // beyond kMaxGraphs steps run eagerly.
   static constexpr size_t kMaxGraphs = 768;
   // (rows | epilogue launches << 16 | slot << 24 | buffer << 26 | direct payload << 27 | x on the
-  // device << 28 | upload aside << 29, bytes copied back)
+  // device << 28 | upload aside << 29 | timed << 30, bytes copied back)
   using GraphKey = std::pair<uint64_t, uint64_t>;
   struct GraphKeyHash {
     size_t operator()(const GraphKey& k) const {
@@ -719,6 +727,7 @@ class CudaBackend : public ComputeBackend {
   int reserved_rows_ = 0;   // the rows every work buffer holds (ReserveWork)
   unsigned record_flags_ = cudaEventRecordDefault;  // cudaEventRecordExternal while capturing
   StageTimes times_;
+  uint64_t steps_launched_ = 0;  // which steps are timed (cuda_stage_events_every)
 };
 
 }  // namespace

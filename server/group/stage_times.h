@@ -11,6 +11,9 @@ namespace drafthead {
 struct StageTimes {
   uint32_t broadcast_us = 0, h2d_us = 0, gemv_us = 0, epilogue_us = 0, gather_us = 0, d2h_us = 0;
   bool graph = false;  // the backend's step replayed a captured CUDA graph
+  // The backend's stages (h2d .. d2h) were not measured (they read 0): the CUDA backend times one
+  // step in BackendOptions::cuda_stage_events_every, each timed step costing ~5 us more.
+  bool step_untimed = false;
 };
 
 }  // namespace drafthead

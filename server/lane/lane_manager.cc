@@ -364,6 +364,7 @@ void LaneManager::Handle(std::shared_ptr<Lane> lane, uint64_t n, const LaneReque
                                            t.broadcast_us(), t.h2d_us(), t.gemv_us(), t.epilogue_us(),
                                            t.gather_us(), t.d2h_us(), t.combine_us(), t.server_us()};
               std::memcpy(c->timing, timing, sizeof timing);
+              if (t.step_untimed()) c->flags |= lane::kDoneStepUntimed;
               const size_t entries = static_cast<size_t>(r->token_ids_size());
               if (entries > 0) {
                 c->k = r->rows() > 0 ? static_cast<uint32_t>(entries / r->rows()) : 0;

@@ -73,8 +73,16 @@ namespace {
 
 constexpr uint64_t kNsPerUs = 1000;
 
-// The batch's part of the compute split (InferenceStats' comment), in ns.
-void AddBatchCompute(const StageTimes& st, ComputeStats* c) {
+// The batch's part of the compute split (InferenceStats' comment), in ns. `compute_us`: the
+// batch's wall time, standing in for the device stages when they were not timed.
+void AddBatchCompute(const StageTimes& st, uint64_t compute_us, ComputeStats* c) {
+  if (st.step_untimed) {
+    const uint64_t collectives = uint64_t{st.broadcast_us} + st.gather_us;
+    c->input.Add(uint64_t{st.broadcast_us} * kNsPerUs);
+    c->infer.Add((std::max(compute_us, collectives) - st.broadcast_us) * kNsPerUs);
+    c->output.Add(0);
+    return;
+  }
   c->input.Add((uint64_t{st.broadcast_us} + st.h2d_us) * kNsPerUs);
   c->infer.Add((uint64_t{st.gemv_us} + st.epilogue_us + st.gather_us) * kNsPerUs);
   c->output.Add(uint64_t{st.d2h_us} * kNsPerUs);
@@ -93,7 +101,7 @@ void Metrics::RecordInference(bool ok, uint64_t arrived_ms, uint64_t total_ns, c
   inference_.success.Add(total_ns);
   inference_.queue.Add(uint64_t{st->queue_us} * kNsPerUs);
   ComputeStats& c = inference_.compute;
-  AddBatchCompute(st->batch, &c);
+  AddBatchCompute(st->batch, st->compute_us, &c);
   // The request's own stages on top of its batch's.
   c.input.ns += uint64_t{st->validate_us} * kNsPerUs;
   c.output.ns += uint64_t{st->combine_us} * kNsPerUs;
@@ -115,13 +123,16 @@ void Metrics::RecordBatch(uint32_t rows, uint32_t requests, double compute_secon
   ++batches_;
   if (st.graph) ++graph_batches_;
   ++inference_.execution_count;
-  AddBatchCompute(st, &inference_.batches[requests]);
+  AddBatchCompute(st, static_cast<uint64_t>(compute_seconds * 1e6 + 0.5), &inference_.batches[requests]);
   batch_rows_.Observe(rows);
   compute_s_.Observe(compute_seconds);
   const std::pair<StageIndex, uint32_t> stages[] = {
       {kBroadcast, st.broadcast_us}, {kH2d, st.h2d_us},       {kGemv, st.gemv_us},
       {kEpilogue, st.epilogue_us},   {kGather, st.gather_us}, {kD2h, st.d2h_us}};
-  for (const auto& [i, us] : stages) stage_s_[i].Observe(us * 1e-6);
+  for (const auto& [i, us] : stages) {
+    const bool device_stage = i == kH2d || i == kGemv || i == kEpilogue || i == kD2h;
+    if (!(st.step_untimed && device_stage)) stage_s_[i].Observe(us * 1e-6);  // unmeasured: no sample
+  }
 }
 
 void Metrics::RecordRequestStages(uint32_t validate_us, uint32_t combine_us, uint32_t answer_us) {
@@ -211,7 +222,8 @@ std::string Metrics::Render() const {
   compute_s_.Render("drafthead_compute_seconds", "", &out);
   Header(&out, "drafthead_stage_seconds", "histogram",
          "Time of one stage: per batch (broadcast, h2d, gemv, epilogue, gather, d2h; device time "
-         "for h2d..d2h on a GPU) or per request (validate, combine, answer = handing it to gRPC).");
+         "for h2d..d2h on a GPU, from the batches timed: one in --cuda-stage-events-every) or per "
+         "request (validate, combine, answer = handing it to gRPC).");
   for (int i = 0; i < kStages; ++i)
     stage_s_[i].Render("drafthead_stage_seconds", absl::StrCat("stage=\"", kStageNames[i], "\""), &out);
   Header(&out, "drafthead_request_seconds", "histogram", "Time from a request's arrival to its answer.");

@@ -40,7 +40,9 @@ class Histogram {
 // Triton's statistics extension's figures (KServe ModelStatistics), cumulative since start, of
 // every request through either API. Compute splits as Triton names it: input = validate (checks,
 // bf16 conversion, a region read) + broadcast + h2d; infer = gemv + epilogue + gather; output =
-// d2h + combine. Recorded as the answer is ready, before gRPC sends it.
+// d2h + combine. Recorded as the answer is ready, before gRPC sends it. A batch whose device
+// stages were not timed (StageTimes::step_untimed) counts its compute wall time less broadcast
+// and gather as infer: the totals stay whole, only that batch's h2d / d2h share is not split out.
 struct DurationStat {
   uint64_t count = 0;
   uint64_t ns = 0;
@@ -61,6 +63,7 @@ struct InferenceStats {
 // One request's stages in microseconds (the native Timing's fields).
 struct RequestStages {
   uint32_t queue_us = 0, validate_us = 0, combine_us = 0;
+  uint32_t compute_us = 0;  // the batch's wall time (the device stages' stand-in when untimed)
   StageTimes batch;
 };
 
@@ -69,7 +72,8 @@ class Metrics {
   explicit Metrics(int world);
 
   void RecordRequest(const std::string& mode, int grpc_code, uint32_t rows);
-  // `requests`: how many requests the batch ran.
+  // `requests`: how many requests the batch ran. Device stages not timed (stages.step_untimed)
+  // add no sample to their histograms.
   void RecordBatch(uint32_t rows, uint32_t requests, double compute_seconds, const StageTimes& stages);
   // A batch taken and prepared while the one before it was on the device (BatchLoop's ahead);
   // `launched`: also launched behind it.

@@ -30,7 +30,7 @@ assert _COMPLETION.size == 92
 _COMPLETION_HEADER_BYTES = 512
 _NO_REGION = 0xFFFFFFFF
 _FLAG_PROBS, _FLAG_FENCE, _FLAG_IDS64 = 1, 2, 4
-_DONE_PROBS, _DONE_IN_OUTPUT = 1, 2
+_DONE_PROBS, _DONE_IN_OUTPUT, _DONE_STEP_UNTIMED = 1, 2, 8
 _LAYOUT_VERSION = 1
 _ABI_VERSION = 6  # DH_LANE_ABI_VERSION (lane_c_api.h)
 _NO_SLICE = (_NO_REGION, 0, 0)
@@ -528,11 +528,12 @@ class LaneAnswer:
     call took. An answer that arrives is never an error (Lane.compute raises those)."""
 
     __slots__ = ("request_id", "rows", "vocab_size", "logits_dtype", "logits", "token_ids", "values", "probs",
-                 "_timing")
+                 "_timing", "_step_untimed")
 
     def __init__(self, fields: "tuple[Any, ...]"):
         self.request_id, _, self.rows, self.vocab_size, _, _, self.logits_dtype = fields[1:8]
         self._timing = fields[8:20]
+        self._step_untimed = bool(fields[6] & _DONE_STEP_UNTIMED)
         self.logits: Any = b""  # FULL_LOGITS: a numpy uint8 array (Lane.compute)
         self.token_ids: Any = _EMPTY_I4
         self.values: Any = _EMPTY_F4
@@ -540,5 +541,8 @@ class LaneAnswer:
 
     @property
     def timing(self) -> "dict[str, int]":
-        """The server's Timing fields (pb.Timing's names), in microseconds."""
-        return dict(zip(_TIMING_FIELDS, self._timing))
+        """The server's Timing fields (pb.Timing's names): microseconds, and step_untimed (the batch's
+        h2d_us .. d2h_us not measured, 0)."""
+        timing: "dict[str, int]" = dict(zip(_TIMING_FIELDS, self._timing))
+        timing["step_untimed"] = self._step_untimed
+        return timing
