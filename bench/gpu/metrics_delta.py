@@ -6,8 +6,8 @@ question: are the GPU's batches back to back, and how full are they).
     metrics_delta.py delta BEFORE AFTER LABEL      # one Markdown row of the window between them
 
 The row: batches, rows a batch, rows/s, the share of the window's wall time the server spent in
-compute and in each GPU stage (gemv, epilogue, h2d, d2h: their event times summed), per batch in
-us, and the share of batches launched ahead of the one running (BatchLoop's launch-ahead; the rest
+compute and in each GPU stage (gemv, epilogue, h2d, d2h: the timed batches' mean event time times
+the window's batches, as the server times one batch in --cuda-stage-events-every), per batch in us, and the share of batches launched ahead of the one running (BatchLoop's launch-ahead; the rest
 waited for the host). gemv + epilogue + d2h is the step stream's busy share (near 1.0: it never
 waits); a step launched ahead uploads on the copy stream beside the GEMV, so h2d overlaps them."""
 import json
@@ -43,7 +43,9 @@ def delta(before: str, after: str, label: str) -> None:
     d = {k: b[k] - a.get(k, 0.0) for k in b}
     total = lambda prefix: sum(v for k, v in d.items() if k.startswith(prefix))  # noqa: E731
     batches, rows = total("drafthead_batches_total"), total("drafthead_rows_total")
-    stage = lambda s: d.get(f'drafthead_stage_seconds_sum{{stage="{s}"}}', 0.0)  # noqa: E731
+    def stage(s: str) -> float:  # the window's seconds in stage s, from its timed batches' mean
+        n = d.get(f'drafthead_stage_seconds_count{{stage="{s}"}}', 0.0)
+        return d.get(f'drafthead_stage_seconds_sum{{stage="{s}"}}', 0.0) / n * batches if n > 0 else 0.0
     compute = d.get("drafthead_compute_seconds_sum", 0.0)
     ahead = total("drafthead_launched_ahead_batches_total")
     per = lambda s: 1e6 * s / max(batches, 1)  # noqa: E731
