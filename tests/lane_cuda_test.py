@@ -6,7 +6,8 @@ rows produced by a slow kernel just before the call are read only after it (the 
 library's copy kernel (rows and fence in one launch, the answer and consumed word in another) and its
 libcuda copies give the same answers, in turns, each with host IO (rows into the host arena, token
 answers inline in the completion) and without (the CUDA arenas both ways); an error
-raises at once with wait=True and at synchronize() with wait=False. REPEAT (default 50) rounds of
+raises at once with wait=True and at synchronize() with wait=False; a server timing one batch in 4
+(--cuda-stage-events-every) answers the other three step_untimed through the lane. REPEAT (default 50) rounds of
 random inputs, as GPU tests run here: a flaky answer is a race until shown otherwise."""
 
 import os
