@@ -7,7 +7,8 @@ question: are the GPU's batches back to back, and how full are they).
 
 The row: batches, rows a batch, rows/s, the share of the window's wall time the server spent in
 compute and in each GPU stage (gemv, epilogue, h2d, d2h: the timed batches' mean event time times
-the window's batches, as the server times one batch in --cuda-stage-events-every), per batch in us, and the share of batches launched ahead of the one running (BatchLoop's launch-ahead; the rest
+the window's batches, as the server times one batch in --cuda-stage-events-every), per batch in
+us, and the share of batches launched ahead of the one running (BatchLoop's launch-ahead; the rest
 waited for the host). gemv + epilogue + d2h is the step stream's busy share (near 1.0: it never
 waits); a step launched ahead uploads on the copy stream beside the GEMV, so h2d overlaps them."""
 import json

@@ -41,8 +41,8 @@ class Histogram {
 // every request through either API. Compute splits as Triton names it: input = validate (checks,
 // bf16 conversion, a region read) + broadcast + h2d; infer = gemv + epilogue + gather; output =
 // d2h + combine. Recorded as the answer is ready, before gRPC sends it. A batch whose device
-// stages were not timed (StageTimes::step_untimed) counts its compute wall time less broadcast
-// and gather as infer: the totals stay whole, only that batch's h2d / d2h share is not split out.
+// stages were not timed (StageTimes::step_untimed) counts its compute wall time less broadcast as
+// infer (gather included, as above): the totals stay whole, only its h2d / d2h are not split out.
 struct DurationStat {
   uint64_t count = 0;
   uint64_t ns = 0;
