@@ -174,7 +174,11 @@ Json ToJson(const LoadReport& rep) {
                           {"compute", SplitJson(r.compute_us, 1.0)},
                           {"network_client", SplitJson(r.overhead, 1e-3)}};
     Json stages = Json::object();
-    for (int i = 0; i < kTimingStages; ++i) stages[kTimingStageNames[i]] = SplitJson(r.stage_us[i], 1.0);
+    for (int i = 0; i < kTimingStages; ++i) {
+      Json s = SplitJson(r.stage_us[i], 1.0);
+      s["count"] = r.stage_us[i].count();  // the answers it was measured in (step stages: the timed ones)
+      stages[kTimingStageNames[i]] = std::move(s);
+    }
     x["server_stages_us"] = stages;
     x["batch_rows_p50"] = r.batch_rows.Percentile(0.5);
     x["send_lag_us"] = Json{{"p50", Round3(Us(r.send_lag.Percentile(0.5)))},

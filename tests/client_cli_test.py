@@ -177,6 +177,10 @@ class CliTest(unittest.TestCase):
             self.assertLessEqual(lat["p999"], lat["max"])
             self.assertEqual(sum(b["count"] for b in r["latency_histogram"]), r["ok"])
             self.assertEqual(sum(b["ok"] for b in r["timeline"]), r["ok"])
+            # Every stage measured in every OK answer (no step here is untimed: no CUDA server).
+            self.assertEqual(len(r["server_stages_us"]), 9)
+            for name, st in r["server_stages_us"].items():
+                self.assertEqual(st["count"], r["ok"], name)
 
     def test_load_reports(self):
         js, ht, cs = self.path("l.json"), self.path("l.html"), self.path("l.csv")
