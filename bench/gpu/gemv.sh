@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fp8 GEMV's device run (docs/cuda.md, rounds 3-4): after `source bench/gpu/env.sh`, from the
 # repository root, in one call of the device tool:
-#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|stalls|all]...
+#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|stalls|sass|all]...
 # new: the tests matching $NEW once (the new kernels' tests, run first so a failure shows before
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
@@ -10,6 +10,9 @@
 # round7: the wgmma variants 830-837 (docs/cuda.md round 7) by ncu and by the bench.
 # stalls: ncu's sections and stall reasons for one M = 64 launch on one shard of production's wgmma
 # kernel (8 warps x 2 tiles) and of round 7's 835 (16 x 1): what their warps wait on.
+# sass: the production kernels' SASS (the server binary holds no experiment), each with its opcode
+# counts, and ncu's per-instruction stall samples of one M = 64 launch of production's wgmma kernel
+# (CSV): read afterwards off the device (this machine's toolkit has no cuobjdump / nvdisasm).
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -52,6 +55,24 @@ for what in "${@:-all}"; do
       grep -E "GemvFp8Wgmma|Duration|DRAM Throughput|L2 Cache Throughput|Issued Warp|No Eligible|Active Warps Per S|Eligible Warps|inst_executed|stalled" \
         "$out/stalls_${kern%%|*}.log" | awk '!/stalled/ || $NF + 0 >= 0.05' | cut -c1-150
     done
+  fi
+  if [[ $what == sass ]]; then
+    cuobjdump=/usr/local/cuda/bin/cuobjdump
+    step sass_dump 120 "$cuobjdump" -sass "$DH/bin/server/drafthead-server"
+    # One file a kernel (by its mangled name's template: Function : NAME), and its opcode counts.
+    awk -v dir="$out" '/Function : /{f = dir "/sass_" (++n) ".txt"; print $0 > f; print n, $3 >> (dir "/sass_index.txt"); next}
+      f {print > f}' "$out/sass_dump.log"
+    for f in "$out"/sass_[0-9]*.txt; do
+      echo "### $(head -1 "$f" | cut -c1-160)"
+      grep -oE '^ +/\*[0-9a-f]{4,}\*/ +(@!?U?P[0-9T] +)?[A-Z][A-Z0-9_.]*' "$f" | awk '{print $NF}' | sed 's/\..*//' \
+        | sort | uniq -c | sort -rn | head -12 | tr '\n' ' '
+      echo
+    done > "$out/sass_opcodes.txt"
+    rm -f "$out/sass_dump.log"
+    step sass_stalls 150 ncu --clock-control none --kernel-name-base demangled -k 'regex:\(int\)8, \(int\)2>' -c 1 \
+      --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 --page source --print-source sass --csv \
+      drafthead-bench-cuda --quick --no-epilogue --ms=64 --ns=32320 --iters=3
+    wc -l "$out/sass_index.txt" "$out/sass_stalls.log"; head -c 600 "$out/sass_opcodes.txt"
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
