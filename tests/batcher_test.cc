@@ -421,7 +421,7 @@ TEST(MetricsTest, ExportsQueuedRowsPerCallerClassAndTheWaits) {
 }
 
 // A batch whose device stages were not timed (sampled stage events) adds no sample to their
-// histograms, and KServe's statistics count its wall time less the collectives as infer; a timed
+// histograms, and KServe's statistics count its wall time less the broadcast as infer; a timed
 // one splits as before.
 TEST(MetricsTest, UntimedStepsAddNoStageSamplesAndCountTheirWallTimeAsInfer) {
   Metrics m(2);
