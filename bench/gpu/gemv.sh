@@ -73,6 +73,8 @@ for what in "${@:-all}"; do
       --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 --page source --print-source sass --csv \
       drafthead-bench-cuda --quick --no-epilogue --ms=64 --ns=32320 --iters=3
     wc -l "$out/sass_index.txt" "$out/sass_stalls.log"; head -c 600 "$out/sass_opcodes.txt"
+    # One archive back (the device tool returns a bounded number of files).
+    (cd "$out" && tar -cJf sass.tar.xz sass_[0-9]*.txt sass_index.txt sass_opcodes.txt sass_stalls.log && rm -f sass_[0-9]*.txt)
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
