@@ -844,36 +844,17 @@ TEST(CudaReduce, TiesNansZerosAndShortShards) {
   CheckEpilogue(y, ldy, n, 0, 1000, c);    // a rank wholly past the crop
   CheckEpilogue(y, ldy, n, 4097, 7, c);
   // Long rows (segmented selection) with heavy ties.
-  // Row 3 descends: the k best groups hold up to (k - 1) x 512 + 1 candidates (the group path's
-  // largest candidate set at k = 16).
   const int64_t nl = 100000;
-  std::vector<float> yl(4 * nl);
+  std::vector<float> yl(3 * nl);
   for (int64_t j = 0; j < nl; ++j) {
     yl[j] = static_cast<float>((j * 7919) % 13);
     yl[nl + j] = 1.f;
     yl[2 * nl + j] = (j % 7 == 0) ? -0.f : static_cast<float>(j % 5) * 0.f;
-    yl[3 * nl + j] = -static_cast<float>(j) * 1e-3f;
   }
   EpilogueCase cl;
-  for (int r = 0; r < 4; ++r)
-    for (uint32_t k : {1u, 8u, 16u, 1024u}) AddRow(cl, r, cuda::ReduceMode::kTopK, k, 1.f, 0, 0, false, nl);
+  for (int r = 0; r < 3; ++r)
+    for (uint32_t k : {1u, 8u, 1024u}) AddRow(cl, r, cuda::ReduceMode::kTopK, k, 1.f, 0, 0, false, nl);
   CheckEpilogue(yl, nl, nl, nl, 0, cl);
-  // Rows past 256 groups of 512 columns (two group records a thread in the group merge), up to the
-  // group path's longest (kGroupMaxCols): Gaussian, descending, heavy ties, one +inf, NaNs.
-  const int64_t nm = 262144;
-  std::vector<float> ym(5 * nm);
-  for (int64_t j = 0; j < nm; ++j) {
-    ym[j] = Gauss(11, j) * 2.f;
-    ym[nm + j] = -static_cast<float>(j) * 1e-3f;
-    ym[2 * nm + j] = static_cast<float>((j * 7919) % 13);
-    ym[3 * nm + j] = (j == 200000) ? INFINITY : Gauss(12, j);
-    ym[4 * nm + j] = (j % 1001 == 0) ? std::nanf("") : Gauss(13, j);
-  }
-  EpilogueCase cm;
-  for (int r = 0; r < 5; ++r)
-    for (uint32_t k : {1u, 8u, 16u}) AddRow(cm, r, cuda::ReduceMode::kTopK, k, r == 0 ? 0.7f : 1.f, 0, 0, false, nm);
-  CheckEpilogue(ym, nm, nm, nm, 0, cm);
-  CheckEpilogue(ym, nm, nm, 200001, 5, cm);
 }
 
 TEST(CudaReduce, RefusesBadRows) {

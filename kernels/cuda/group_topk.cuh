@@ -2,17 +2,15 @@
 // split path is on (shard_reduce.cu's dispatch; session 16, docs/cuda.md round 6), in two kernels
 // that keep the keys exact, the softmax partial within the tests' tolerance and the rows
 // batch-invariant. Internal to the epilogue (shard_reduce.cu validates the arguments).
-//   GroupScan: one warp a group of 512 columns (four float4 a lane), no barrier and no shared
-//     memory: the group's largest TopKKey, its max of v / T (first of equals) and its sum of
-//     exponentials relative to that max (fp32, one fixed pairwise tree: < 9 x 2^-24 of the
-//     group's sum), 24 bytes to scratch; the max and key by redux.sync, once a group.
-//   GroupMerge: one CTA a row over its group records (one a thread up to 131072 columns, two up
-//     to kGroupMaxCols): the row's max and sum (a fixed order), the exact k-th largest group key t
-//     (a lower bound for the row's k-th largest key: k groups hold a key >= t; with one record a
-//     thread the thread maxima's threshold is already it), then only the k groups with keys >= t
-//     are read again for their candidates (up to k x 512 keys: 64 KB of dynamic shared memory).
+//   GroupScan: one warp a group of 128 columns (a float4 a lane), no barrier and no shared memory:
+//     the group's largest TopKKey, its max of v / T (first of equals) and its sum of exponentials
+//     relative to that max (fp32, one fixed pairwise tree: < 7 x 2^-24 of the group's sum), 24
+//     bytes to scratch; the max and key by redux.sync.
+//   GroupMerge: one CTA a row over its group records: the row's max and sum (a fixed order), the
+//     exact k-th largest group key t (a lower bound for the row's k-th largest key: k groups hold
+//     a key >= t), then only the k groups with keys >= t are read again for their candidates.
 // Against the split family (split_reduce.cuh) at 64 rows: one read of the logits with warp-local
-// work instead of per-CTA sorts and five barriers, and a merge that reads k x 512 logits a row.
+// work instead of per-CTA sorts and five barriers, and a merge that reads k x 128 logits a row.
 // Results depend on n_valid alone (groups are fixed columns): bit-identical keys to the CPU, the
 // sum within the tests' tolerance, batch-invariant.
 #pragma once
@@ -27,7 +25,7 @@
 namespace drafthead::cuda::epilogue {
 
 inline constexpr uint32_t kGroupTopK = 16;   // the largest k the group path serves
-inline constexpr int64_t kGroupMaxCols = 262144;  // n_valid it serves (<= 2 group records a thread)
+inline constexpr int64_t kGroupMaxCols = 262144;  // n_valid it serves (<= 8 group records a thread)
 
 // Scratch bytes for nrows rows of n_valid columns (the group records).
 size_t GroupTopKScratchBytes(int64_t n_valid, int nrows);
