@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fp8 GEMV's device run (docs/cuda.md, rounds 3-4): after `source bench/gpu/env.sh`, from the
 # repository root, in one call of the device tool:
-#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] bash bench/gpu/gemv.sh [tests50|tests|new|bench|round7|stalls|sass|all]...
+#   [KREPS=50] [BREPS=50] [NEW='*FragmentOrder*'] [NCU=1] [OLD=PATH] bash bench/gpu/gemv.sh [tests50|tests|new|bench|ab|round7|stalls|sass|all]...
 # new: the tests matching $NEW once (the new kernels' tests, run first so a failure shows before
 # the long steps); tests50: cuda_kernels_test KREPS times and cuda_backend_test BREPS times (tests:
 # once each); bench: drafthead-bench-cuda, a --quick baseline first (the default kernel and cuBLAS
@@ -13,6 +13,9 @@
 # sass: the production kernels' SASS (the server binary holds no experiment), each with its opcode
 # counts, and ncu's per-instruction stall samples of one M = 64 launch of production's wgmma kernel
 # (CSV): read afterwards off the device (this machine's toolkit has no cuobjdump / nvdisasm).
+# ab: OLD=PATH (another build's drafthead-bench-cuda, e.g. carried in bundle-gpu/old/): the quick
+# GEMV table (production and cuBLAS, M = 1, 16, 17, 32, 33, 64, full vocabulary and a tp=4 shard)
+# by the old binary and this bundle's, alternated old / new / old / new on the one warm GPU.
 # Every step has a time limit; logs and tables go to $OUT (fetched by the device tool).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -75,6 +78,14 @@ for what in "${@:-all}"; do
     wc -l "$out/sass_index.txt" "$out/sass_stalls.log"; head -c 600 "$out/sass_opcodes.txt"
     # One archive back (the device tool returns a bounded number of files).
     (cd "$out" && tar -cJf sass.tar.xz sass_[0-9]*.txt sass_index.txt sass_opcodes.txt sass_stalls.log && rm -f sass_[0-9]*.txt)
+  fi
+  if [[ $what == ab ]]; then
+    for who in old new old new; do
+      bin=drafthead-bench-cuda; [[ $who == old ]] && bin=${OLD:?ab needs OLD=PATH}
+      step "ab_$who" 60 "$bin" --quick --no-epilogue --ms=1,16,17,32,33,64 --ns=129280,32320
+      echo "### GEMV table, $who"
+      grep -E "^## N=|^\| [0-9]|streaming" "$out/ab_$who.log"
+    done
   fi
   if [[ $what == all || $what == bench ]]; then
     step bench_base 60 drafthead-bench-cuda --quick --no-epilogue
